@@ -1,0 +1,30 @@
+// The allreduce algorithm table and the `auto` choice.
+#include "collectives/collectives.h"
+
+namespace shoal {
+
+const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
+  static const std::vector<AllreduceAlgorithm> table = {
+      {"ring", "reduce-scatter + allgather around a ring, pipelined; bandwidth-optimal", allreduceRing},
+      {"tree", "binomial reduce to rank 0 + binomial broadcast; lowest latency for small messages", allreduceTree},
+  };
+  return table;
+}
+
+const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize,
+                                          size_t treeMaxBytes) {
+  std::string wanted = name;
+  if (wanted.empty() || wanted == "auto") {
+    // The tree wins while latency dominates (2 log2 n hops against the ring's
+    // 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
+    wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "tree" : "ring";
+  }
+  std::string names;
+  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms()) {
+    if (wanted == algorithm.name) return algorithm;
+    names += std::string(names.empty() ? "" : ", ") + algorithm.name;
+  }
+  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, {}", name, names);
+}
+
+}  // namespace shoal

@@ -1,0 +1,44 @@
+// Internal entry points of every collective algorithm. Each works on host
+// buffers through a Context (transport, tags, deadline) and, where it reduces,
+// a Reducer. The C API (lib/api) checks arguments before calling these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/common/context.h"
+#include "collectives/common/reducer.h"
+
+namespace shoal {
+
+// ---- building blocks (in place on `data`, laid out as `blocks`) ----------
+// Ring reduce-scatter: afterwards rank r's block r holds the reduction over all ranks.
+void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, const Reducer& reducer);
+// Ring allgather: rank r's block r is already in place; afterwards all blocks are.
+void ringAllgather(Context& context, uint8_t* data, const Blocks& blocks);
+
+// ---- allreduce: recv already holds this rank's input ---------------------
+using AllreduceFn = void (*)(Context& context, void* recv, size_t count, const Reducer& reducer);
+void allreduceRing(Context& context, void* recv, size_t count, const Reducer& reducer);
+void allreduceTree(Context& context, void* recv, size_t count, const Reducer& reducer);
+
+struct AllreduceAlgorithm {
+  const char* name;
+  const char* description;
+  AllreduceFn run;
+};
+const std::vector<AllreduceAlgorithm>& allreduceAlgorithms();
+// "auto" resolves by message size and rank count; an unknown name is
+// Error(SHOAL_ERR_NOT_FOUND) listing the valid ones.
+const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize, size_t treeMaxBytes);
+
+// ---- broadcast: on root, buf holds the data -----------------------------
+void broadcastTree(Context& context, void* buf, size_t bytes, int root);
+void broadcastChain(Context& context, void* buf, size_t bytes, int root);
+
+// ---- barrier ------------------------------------------------------------
+void barrierDissemination(Context& context);
+
+}  // namespace shoal

@@ -1,0 +1,78 @@
+// What every collective algorithm gets: the transport, its place in the
+// communicator, a tag range of its own, a deadline and the pipelining segment.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace shoal {
+
+// Tag layout inside the transport's 40 bits: the call's sequence number
+// (20 bits, wrapping: a call finishes all its messages before the next starts)
+// and a sub-tag (20 bits) that the algorithm hands out per step and segment.
+constexpr int kSubTagBits = 20;
+constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
+
+struct Context {
+  Transport& transport;
+  int rank;
+  int size;
+  uint64_t tagBase;     // (sequence << kSubTagBits)
+  Deadline deadline;
+  size_t segmentBytes;  // pipelining unit of ring and chain algorithms
+  uint64_t nextSubTag = 0;
+
+  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment)
+      : transport(t), rank(t.rank()), size(t.size()),
+        tagBase((sequence % (uint64_t(1) << (kTagBits - kSubTagBits))) << kSubTagBits), deadline(d),
+        segmentBytes(segment) {}
+
+  // Reserves `count` consecutive tags for one phase of an algorithm.
+  uint64_t reserveTags(uint64_t count) {
+    if (nextSubTag + count > kSubTagLimit)
+      fail(SHOAL_ERR_INTERNAL, "collective needs {} tags, more than the {} a call has", nextSubTag + count,
+           kSubTagLimit);
+    uint64_t first = tagBase + nextSubTag;
+    nextSubTag += count;
+    return first;
+  }
+  void wait(Transport::Request& request) { transport.waitAll(&request, 1, deadline); }
+  void waitAll(std::vector<Transport::Request>& requests) {
+    transport.waitAll(requests.data(), requests.size(), deadline);
+  }
+  int left() const { return (rank + size - 1) % size; }
+  int right() const { return (rank + 1) % size; }
+};
+
+// A buffer split into one block per rank (byte offsets and lengths), each block
+// cut into segments of at most `segment` bytes for pipelining.
+struct Blocks {
+  std::vector<size_t> offset;
+  std::vector<size_t> bytes;
+  size_t segment = 1;
+
+  size_t segmentsIn(int block) const { return (bytes[block] + segment - 1) / segment; }
+  size_t maxSegments() const {
+    size_t most = 0;
+    for (size_t b = 0; b < bytes.size(); ++b) most = std::max(most, segmentsIn(static_cast<int>(b)));
+    return most;
+  }
+  size_t maxBytes() const { return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end()); }
+  // Byte range [begin, begin + length) of segment k of a block, relative to the buffer.
+  size_t segmentBegin(int block, size_t k) const { return offset[block] + k * segment; }
+  size_t segmentLength(int block, size_t k) const { return std::min(segment, bytes[block] - k * segment); }
+};
+
+// Splits `count` elements evenly into `parts` blocks (the first count % parts
+// blocks get one extra element). The segment is a multiple of the element size,
+// grown if needed so that steps x segments fits the call's tag budget.
+Blocks splitEvenly(size_t count, size_t elementSize, int parts, size_t segmentBytes, uint64_t tagsPerSegment);
+// Blocks at given element counts and displacements (allgatherv).
+Blocks blocksFrom(const size_t* counts, const size_t* displacements, size_t elementSize, int parts,
+                  size_t segmentBytes, uint64_t tagsPerSegment);
+
+}  // namespace shoal

@@ -1,0 +1,90 @@
+#include "collectives/common/reducer.h"
+
+#include "collectives/common/element_ops.h"
+#include "core/error.h"
+
+namespace shoal {
+namespace {
+
+using ops::BFloat16;
+using ops::Half;
+
+template <typename T, typename Op>
+void combineLoop(void* dst, const void* src, size_t count) {
+  // __restrict lets the compiler vectorize: dst and src never overlap here.
+  T* __restrict d = static_cast<T*>(dst);
+  const T* __restrict s = static_cast<const T*>(src);
+  for (size_t i = 0; i < count; ++i) ops::combineElement(d, s, i, Op{});
+}
+
+template <typename T>
+void divideLoop(void* buf, size_t count, int divisor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < count; ++i) ops::divideElement(b, i, divisor);
+}
+
+struct Entry {
+  void (*combine)(void*, const void*, size_t);
+  void (*divide)(void*, size_t, int);
+};
+
+template <typename T>
+Entry entryFor(shoal_op_t op) {
+  constexpr bool integral = std::is_integral_v<T>;
+  switch (op) {
+    case SHOAL_SUM:
+    case SHOAL_AVG: return {combineLoop<T, ops::Sum>, divideLoop<T>};
+    case SHOAL_PROD: return {combineLoop<T, ops::Prod>, nullptr};
+    case SHOAL_MIN: return {combineLoop<T, ops::Min>, nullptr};
+    case SHOAL_MAX: return {combineLoop<T, ops::Max>, nullptr};
+    case SHOAL_BAND: if constexpr (integral) return {combineLoop<T, ops::BitAnd>, nullptr}; break;
+    case SHOAL_BOR: if constexpr (integral) return {combineLoop<T, ops::BitOr>, nullptr}; break;
+    case SHOAL_BXOR: if constexpr (integral) return {combineLoop<T, ops::BitXor>, nullptr}; break;
+    default: break;
+  }
+  return {nullptr, nullptr};
+}
+
+Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
+  switch (dtype) {
+    case SHOAL_F16: return entryFor<Half>(op);
+    case SHOAL_BF16: return entryFor<BFloat16>(op);
+    case SHOAL_F32: return entryFor<float>(op);
+    case SHOAL_F64: return entryFor<double>(op);
+    case SHOAL_I8: return entryFor<int8_t>(op);
+    case SHOAL_U8: return entryFor<uint8_t>(op);
+    case SHOAL_I32: return entryFor<int32_t>(op);
+    case SHOAL_U32: return entryFor<uint32_t>(op);
+    case SHOAL_I64: return entryFor<int64_t>(op);
+    case SHOAL_U64: return entryFor<uint64_t>(op);
+    default: return {nullptr, nullptr};
+  }
+}
+
+}  // namespace
+
+size_t dtypeSize(shoal_dtype_t dtype) {
+  switch (dtype) {
+    case SHOAL_F16: case SHOAL_BF16: return 2;
+    case SHOAL_F32: case SHOAL_I32: case SHOAL_U32: return 4;
+    case SHOAL_F64: case SHOAL_I64: case SHOAL_U64: return 8;
+    case SHOAL_I8: case SHOAL_U8: return 1;
+    default: return 0;
+  }
+}
+
+bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return lookup(dtype, op).combine != nullptr; }
+
+Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), elementSize_(dtypeSize(dtype)) {
+  Entry entry = lookup(dtype, op);
+  if (entry.combine == nullptr)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
+  combine_ = entry.combine;
+  divide_ = op == SHOAL_AVG ? entry.divide : nullptr;
+}
+
+void Reducer::finish(void* buf, size_t count, int worldSize) const {
+  if (divide_ != nullptr && worldSize > 1) divide_(buf, count, worldSize);
+}
+
+}  // namespace shoal

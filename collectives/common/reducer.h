@@ -1,0 +1,36 @@
+// Reducer: the elementwise combine step of every reducing collective, for one
+// (dtype, op) pair, chosen once per call from a dispatch table.
+#pragma once
+
+#include <cstddef>
+
+#include "shoal/shoal.h"
+
+namespace shoal {
+
+// True when op is defined on dtype (bitwise ops need an integer type).
+bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op);
+size_t dtypeSize(shoal_dtype_t dtype);  // 0 for an invalid dtype
+
+class Reducer {
+ public:
+  Reducer(shoal_dtype_t dtype, shoal_op_t op);
+  // dst[i] = dst[i] op src[i] for i < count.
+  void combine(void* dst, const void* src, size_t count) const { combine_(dst, src, count); }
+  // Avg only: buf[i] /= worldSize. A no-op for other ops.
+  void finish(void* buf, size_t count, int worldSize) const;
+  size_t elementSize() const { return elementSize_; }
+  shoal_dtype_t dtype() const { return dtype_; }
+  shoal_op_t op() const { return op_; }
+
+ private:
+  using CombineFn = void (*)(void*, const void*, size_t);
+  using DivideFn = void (*)(void*, size_t, int);
+  shoal_dtype_t dtype_;
+  shoal_op_t op_;
+  size_t elementSize_;
+  CombineFn combine_;
+  DivideFn divide_;
+};
+
+}  // namespace shoal

@@ -1,0 +1,143 @@
+/* shoal — collective communication with compressors inside the collective.
+ *
+ * Pure C11, no CUDA headers. Conventions:
+ *  - every call returns shoal_status_t (0 = OK, negative = error) and writes its
+ *    results through out-parameters; the caller owns every buffer it passes;
+ *  - shoal_last_error(comm) returns the text of the last error on that
+ *    communicator (or, with comm == NULL, of the calling thread), naming the
+ *    argument at fault and the fix;
+ *  - collectives are blocking and collective: every rank of the communicator
+ *    must call them in the same order with matching count, dtype and op.
+ *    A rank that disagrees, dies or stalls turns into an error on every rank
+ *    within SHOAL_TIMEOUT_S seconds, never a hang;
+ *  - send == recv means in place.
+ */
+#ifndef SHOAL_SHOAL_H
+#define SHOAL_SHOAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "shoal/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SHOAL_VERSION_MAJOR 0
+#define SHOAL_VERSION_MINOR 1
+#define SHOAL_VERSION_PATCH 0
+
+typedef enum shoal_dtype {
+  SHOAL_F16 = 0, /* IEEE binary16 */
+  SHOAL_BF16,    /* bfloat16 */
+  SHOAL_F32,
+  SHOAL_F64,
+  SHOAL_I8,
+  SHOAL_U8,
+  SHOAL_I32,
+  SHOAL_U32,
+  SHOAL_I64,
+  SHOAL_U64,
+  SHOAL_DTYPE_COUNT
+} shoal_dtype_t;
+
+/* f16/bf16 are widened to f32 to combine and rounded once per hop.
+ * avg is sum followed by one division by the world size (integer division,
+ * truncating toward zero, for integer types). band/bor/bxor: integer types only. */
+typedef enum shoal_op {
+  SHOAL_SUM = 0,
+  SHOAL_AVG,
+  SHOAL_PROD,
+  SHOAL_MIN,
+  SHOAL_MAX,
+  SHOAL_BAND,
+  SHOAL_BOR,
+  SHOAL_BXOR,
+  SHOAL_OP_COUNT
+} shoal_op_t;
+
+typedef struct shoal_comm *shoal_comm_t;
+
+/* Explicit communicator configuration. Always start from SHOAL_CONFIG_INIT:
+ * struct_size lets later versions append fields without breaking callers.
+ * A field left at its "unset" value (-1 / NULL / negative) is read from the
+ * environment (SHOAL_RANK, SHOAL_WORLD_SIZE, SHOAL_STORE, SHOAL_TOKEN,
+ * SHOAL_TIMEOUT_S, SHOAL_ALGO), or from OMPI_COMM_WORLD_* / SLURM_* for rank
+ * and size. */
+typedef struct shoal_config {
+  size_t struct_size;    /* sizeof(shoal_config_t) as the caller compiled it */
+  int rank;              /* this process's rank, 0 <= rank < world_size; -1 = from env */
+  int world_size;        /* number of ranks; -1 = from env */
+  const char *store;     /* rendezvous: "tcp://host:port", "file:///dir", "memory://name"; NULL = env */
+  const char *token;     /* job token presented to a tcp store; NULL = env SHOAL_TOKEN */
+  double timeout_s;      /* deadline of every wait; <= 0 = env SHOAL_TIMEOUT_S */
+  const char *algorithm; /* "auto", "ring" or "tree"; NULL = env SHOAL_ALGO */
+} shoal_config_t;
+
+#define SHOAL_CONFIG_INIT {sizeof(shoal_config_t), -1, -1, NULL, NULL, -1.0, NULL}
+
+/* ---- communicator ------------------------------------------------------ */
+
+/* Collective over all ranks: rendezvous through the store, connect the
+ * transport, agree on the configuration. */
+shoal_status_t shoal_comm_init(shoal_comm_t *comm); /* everything from the environment */
+shoal_status_t shoal_comm_init_config(const shoal_config_t *config, shoal_comm_t *comm);
+
+/* Releases the transport; later calls on comm return SHOAL_ERR_INVALID_ARGUMENT.
+ * The handle stays valid until shoal_comm_destroy. Local: no communication. */
+shoal_status_t shoal_comm_finalize(shoal_comm_t comm);
+/* Finalizes if needed and frees the handle. NULL is accepted. */
+shoal_status_t shoal_comm_destroy(shoal_comm_t comm);
+
+shoal_status_t shoal_comm_rank(shoal_comm_t comm, int *rank);
+shoal_status_t shoal_comm_size(shoal_comm_t comm, int *size);
+
+/* Text of the last error on comm; comm == NULL gives the calling thread's
+ * last error (e.g. from a failed init). Never NULL; "" when none. */
+const char *shoal_last_error(shoal_comm_t comm);
+
+/* ---- collectives on host memory ----------------------------------------- */
+
+shoal_status_t shoal_allreduce(shoal_comm_t comm, const void *sendbuf, void *recvbuf,
+                               size_t count, shoal_dtype_t dtype, shoal_op_t op);
+
+/* recvbuf holds world_size * sendcount elements, rank r's at r * sendcount. */
+shoal_status_t shoal_allgather(shoal_comm_t comm, const void *sendbuf, void *recvbuf,
+                               size_t sendcount, shoal_dtype_t dtype);
+
+/* Rank r contributes recvcounts[r] elements (sendcount must equal it), placed
+ * at recvbuf + displs[r] elements. displs == NULL packs them contiguously. */
+shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void *sendbuf, size_t sendcount,
+                                void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                shoal_dtype_t dtype);
+
+/* Root's sendbuf is copied to every rank's recvbuf (sendbuf is only read on root). */
+shoal_status_t shoal_broadcast(shoal_comm_t comm, const void *sendbuf, void *recvbuf,
+                               size_t count, shoal_dtype_t dtype, int root);
+
+/* sendbuf holds world_size * recvcount elements; rank r receives the reduction
+ * of block r. In place: recvbuf == sendbuf + rank * recvcount elements. */
+shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t recvcount, shoal_dtype_t dtype, shoal_op_t op);
+
+shoal_status_t shoal_barrier(shoal_comm_t comm);
+
+/* ---- helpers ------------------------------------------------------------ */
+
+size_t shoal_dtype_size(shoal_dtype_t dtype);      /* 0 for an invalid dtype */
+const char *shoal_dtype_name(shoal_dtype_t dtype); /* "float", "half", ...; "invalid" */
+const char *shoal_op_name(shoal_op_t op);          /* "sum", ...; "invalid" */
+/* Parse names as shoal-bench and nccl-tests spell them ("float", "f32", "half", "sum", ...). */
+shoal_status_t shoal_dtype_from_name(const char *name, shoal_dtype_t *dtype);
+shoal_status_t shoal_op_from_name(const char *name, shoal_op_t *op);
+
+/* Prints every SHOAL_* variable with its default, current value and help.
+ * markdown != 0 prints a Markdown table (the README's table is made this way). */
+shoal_status_t shoal_config_print(FILE *out, int markdown);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHOAL_SHOAL_H */

@@ -1,0 +1,193 @@
+// C entry points of the blocking collectives. Arguments are checked here, in
+// one place, before any communication; a failure during communication aborts
+// the communicator so every rank reports an error.
+#include <cstring>
+#include <limits>
+
+#include "api/comm.h"
+#include "collectives/collectives.h"
+
+namespace shoal {
+namespace {
+
+#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
+
+void checkDtype(const char* call, shoal_dtype_t dtype) {
+  if (dtypeSize(dtype) == 0)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call,
+         static_cast<int>(dtype));
+}
+
+void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
+  checkDtype(call, dtype);
+  if (op < 0 || op >= SHOAL_OP_COUNT)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not a shoal_op_t; use SHOAL_SUM .. SHOAL_BXOR", call,
+         static_cast<int>(op));
+  if (!isValidDtypeOp(dtype, op))
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}; bitwise ops need an integer dtype", call,
+         shoal_op_name(op), shoal_dtype_name(dtype));
+}
+
+// count x elementSize x factor bytes, refusing sizes that overflow size_t.
+size_t checkedBytes(const char* call, const char* what, size_t count, shoal_dtype_t dtype, size_t factor = 1) {
+  size_t element = dtypeSize(dtype);
+  if (count != 0 && (std::numeric_limits<size_t>::max() / element / factor < count))
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} = {} elements of {} overflows the addressable size; pass a smaller count",
+         call, what, count, shoal_dtype_name(dtype));
+  return count * element * factor;
+}
+
+void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
+  if (buffer == nullptr && bytes > 0)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL but {} bytes were requested; pass a buffer or count 0", call,
+         name, bytes);
+}
+
+// [a, a + na) and [b, b + nb) overlap without being the same buffer: refused,
+// since the result would depend on the copy order.
+void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, const void* inPlace) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  if (a == nullptr || b == nullptr || na == 0 || nb == 0 || b == inPlace) return;
+  if (pa < pb + nb && pb < pa + na)
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "{}: sendbuf and recvbuf overlap without being the in-place layout; use separate buffers or the in-place form",
+         call);
+}
+
+// Runs one collective: fresh tags and deadline; any failure aborts the
+// communicator (peers are told) and is rethrown.
+template <typename Body>
+void runCollective(shoal_comm& comm, Body&& body) {
+  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes);
+  try {
+    body(context);
+  } catch (const Error& error) {
+    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    throw;
+  }
+}
+
+}  // namespace
+}  // namespace shoal
+
+using namespace shoal;
+
+SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                                            shoal_dtype_t dtype, shoal_op_t op) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_allreduce";
+    shoal_comm& c = usableComm(comm, call);
+    checkDtypeOp(call, dtype, op);
+    size_t bytes = checkedBytes(call, "count", count, dtype);
+    checkBuffer(call, "sendbuf", sendbuf, bytes);
+    checkBuffer(call, "recvbuf", recvbuf, bytes);
+    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf);
+    const AllreduceAlgorithm& algorithm = selectAllreduce(c.algorithm, bytes, c.size, c.treeMaxBytes);
+    if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
+    Reducer reducer(dtype, op);
+    if (count == 0) return void(c.sequence++);  // keep every rank's call count in step
+    runCollective(c, [&](Context& context) { algorithm.run(context, recvbuf, count, reducer); });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* sendbuf, size_t sendcount, void* recvbuf,
+                                             const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_allgatherv";
+    shoal_comm& c = usableComm(comm, call);
+    checkDtype(call, dtype);
+    if (recvcounts == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", call);
+    if (recvcounts[c.rank] != sendcount)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {}; they must be equal", call,
+           sendcount, c.rank, recvcounts[c.rank]);
+    size_t element = dtypeSize(dtype), totalBytes = 0, end = 0;
+    for (int r = 0; r < c.size; ++r) {
+      size_t bytes = checkedBytes(call, "recvcounts[r]", recvcounts[r], dtype);
+      size_t place = displs ? checkedBytes(call, "displs[r]", displs[r], dtype) : totalBytes;
+      if (std::numeric_limits<size_t>::max() - totalBytes < bytes || std::numeric_limits<size_t>::max() - place < bytes)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts/displs overflow the addressable size", call);
+      totalBytes += bytes;
+      end = std::max(end, place + bytes);
+    }
+    size_t sendBytes = sendcount * element;
+    checkBuffer(call, "sendbuf", sendbuf, sendBytes);
+    checkBuffer(call, "recvbuf", recvbuf, end);
+    uint8_t* ownPlace = static_cast<uint8_t*>(recvbuf) + (displs ? displs[c.rank] : [&] {
+      size_t packed = 0;
+      for (int r = 0; r < c.rank; ++r) packed += recvcounts[r];
+      return packed;
+    }()) * element;
+    checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, recvbuf == nullptr ? nullptr : ownPlace);
+    if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
+    if (totalBytes == 0) return void(c.sequence++);
+    // Every rank forwards every block: one tag per segment and step.
+    Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
+    runCollective(c, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_allgather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
+                                            shoal_dtype_t dtype) {
+  shoal_status_t status = guarded(comm, [&] {
+    shoal_comm& c = usableComm(comm, "shoal_allgather");
+    checkDtype("shoal_allgather", dtype);
+    checkedBytes("shoal_allgather", "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
+  });
+  if (status != SHOAL_OK) return status;
+  std::vector<size_t> counts(static_cast<size_t>(comm->size), sendcount);
+  return shoal_allgatherv(comm, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
+}
+
+SHOAL_EXPORT shoal_status_t shoal_broadcast(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
+                                            shoal_dtype_t dtype, int root) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_broadcast";
+    shoal_comm& c = usableComm(comm, call);
+    checkDtype(call, dtype);
+    if (root < 0 || root >= c.size)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+    size_t bytes = checkedBytes(call, "count", count, dtype);
+    if (c.rank == root) checkBuffer(call, "sendbuf (on root)", sendbuf, bytes);
+    checkBuffer(call, "recvbuf", recvbuf, bytes);
+    if (c.rank == root) {
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf);
+      if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
+    }
+    if (bytes == 0) return void(c.sequence++);
+    bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
+    runCollective(c, [&](Context& context) {
+      tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
+    });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* sendbuf, void* recvbuf,
+                                                 size_t recvcount, shoal_dtype_t dtype, shoal_op_t op) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_reduce_scatter";
+    shoal_comm& c = usableComm(comm, call);
+    checkDtypeOp(call, dtype, op);
+    size_t totalBytes = checkedBytes(call, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
+    size_t bytes = recvcount * dtypeSize(dtype);
+    checkBuffer(call, "sendbuf", sendbuf, totalBytes);
+    checkBuffer(call, "recvbuf", recvbuf, bytes);
+    const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
+    checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, sendbuf == nullptr ? nullptr : inPlace);
+    if (recvcount == 0) return void(c.sequence++);
+    Reducer reducer(dtype, op);
+    // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
+    std::vector<uint8_t> work(static_cast<const uint8_t*>(sendbuf), static_cast<const uint8_t*>(sendbuf) + totalBytes);
+    Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
+    runCollective(c, [&](Context& context) { ringReduceScatter(context, work.data(), blocks, reducer); });
+    reducer.finish(work.data() + blocks.offset[c.rank], recvcount, c.size);
+    std::memcpy(recvbuf, work.data() + blocks.offset[c.rank], bytes);
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
+  return guarded(comm, [&] {
+    shoal_comm& c = usableComm(comm, "shoal_barrier");
+    runCollective(c, [&](Context& context) { barrierDissemination(context); });
+  });
+}

@@ -1,0 +1,53 @@
+// The communicator behind the opaque shoal_comm_t handle, and the guard that
+// turns C++ exceptions into status codes (the only try/catch of the C API).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "bootstrap/store.h"
+#include "core/error.h"
+#include "shoal/shoal.h"
+#include "transport/transport.h"
+
+struct shoal_comm {
+  int rank = 0;
+  int size = 1;
+  std::string algorithm;   // "auto", "ring", "tree"
+  double timeoutS = 300;
+  size_t segmentBytes = 0;
+  size_t treeMaxBytes = 0;
+  uint64_t sequence = 0;   // collective calls so far: feeds the message tags
+  std::unique_ptr<shoal::Store> store;
+  std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
+  std::string lastError;
+  bool finalized = false;
+};
+
+namespace shoal {
+
+// Records the error text for shoal_last_error(comm) and shoal_last_error(NULL).
+void setLastError(shoal_comm_t comm, const std::string& text);
+
+// Runs body; returns SHOAL_OK or the status of what it threw, with its text recorded.
+template <typename Body>
+shoal_status_t guarded(shoal_comm_t comm, Body&& body) {
+  try {
+    body();
+    return SHOAL_OK;
+  } catch (const Error& error) {
+    setLastError(comm, error.what());
+    return error.status();
+  } catch (const std::bad_alloc&) {
+    setLastError(comm, "out of host memory");
+    return SHOAL_ERR_NO_MEMORY;
+  } catch (const std::exception& error) {
+    setLastError(comm, std::string("internal error: ") + error.what());
+    return SHOAL_ERR_INTERNAL;
+  }
+}
+
+// The communicator, usable for a collective: non-null, not finalized, not failed.
+shoal_comm& usableComm(shoal_comm_t comm, const char* call);
+
+}  // namespace shoal

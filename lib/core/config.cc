@@ -1,0 +1,90 @@
+#include "core/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace shoal::config {
+
+const std::vector<Variable>& table() {
+  static const std::vector<Variable> variables = {
+      // Launch and rendezvous (set by shoalrun, mpirun -x, or by hand).
+      {"SHOAL_RANK", "", "This process's rank; else OMPI_COMM_WORLD_RANK or SLURM_PROCID."},
+      {"SHOAL_WORLD_SIZE", "", "Number of ranks; else OMPI_COMM_WORLD_SIZE or SLURM_NTASKS."},
+      {"SHOAL_STORE", "", "Rendezvous store: tcp://host:port (rank 0 serves), file:///shared/dir, memory://name."},
+      {"SHOAL_LOCAL_RANK", "", "Rank within this machine (set by shoalrun; informational)."},
+      {"SHOAL_LOCAL_SIZE", "", "Ranks on this machine (set by shoalrun; informational)."},
+      {"SHOAL_TOKEN", "", "Job token every tcp store connection must present; shoalrun makes a fresh one."},
+      // Behaviour.
+      {"SHOAL_TIMEOUT_S", "300", "Deadline in seconds of every wait; a dead or stalled peer becomes an error after it."},
+      {"SHOAL_ALGO", "auto", "Collective algorithm: auto, ring or tree."},
+      {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use the tree, larger ones the ring."},
+      {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
+      {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug."},
+  };
+  return variables;
+}
+
+static const Variable& find(const char* name) {
+  for (const Variable& v : table())
+    if (std::strcmp(v.name, name) == 0) return v;
+  fail(SHOAL_ERR_INTERNAL, "config variable {} is not declared in lib/core/config.cc", name);
+}
+
+std::optional<std::string> getRaw(const char* name) {
+  find(name);
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::string getString(const char* name) {
+  const Variable& v = find(name);
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? std::string(value) : std::string(v.defaultValue);
+}
+
+long long getInt(const char* name) {
+  std::string text = getString(name);
+  errno = 0;
+  char* end = nullptr;
+  long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || *end != '\0')
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not an integer; set it to a whole number", name, text);
+  return value;
+}
+
+double getDouble(const char* name) {
+  std::string text = getString(name);
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || *end != '\0')
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not a number; set it to e.g. 30 or 0.5", name, text);
+  return value;
+}
+
+bool getBool(const char* name) {
+  std::string text = getString(name);
+  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "no" || text == "off" || text.empty()) return false;
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not a boolean; use 1 or 0", name, text);
+}
+
+void print(std::FILE* out, bool markdown) {
+  if (markdown) {
+    std::fprintf(out, "| Variable | Default | Meaning |\n|---|---|---|\n");
+    for (const Variable& v : table())
+      std::fprintf(out, "| `%s` | %s | %s |\n", v.name, v.defaultValue[0] ? v.defaultValue : "(unset)", v.help);
+    return;
+  }
+  for (const Variable& v : table()) {
+    const char* current = std::getenv(v.name);
+    std::fprintf(out, "%-22s default=%-8s current=%-10s %s\n", v.name, v.defaultValue[0] ? v.defaultValue : "(unset)",
+                 current ? current : "(unset)", v.help);
+  }
+}
+
+}  // namespace shoal::config

@@ -1,0 +1,37 @@
+// shoal::Error carries a status code and text that names what to fix. Internal
+// code throws it; lib/api is the only place that catches and turns it into a
+// shoal_status_t.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "shoal/status.h"
+
+namespace shoal {
+
+class Error : public std::runtime_error {
+ public:
+  Error(shoal_status_t status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  shoal_status_t status() const { return status_; }
+
+ private:
+  shoal_status_t status_;
+};
+
+template <typename... Args>
+[[noreturn]] void fail(shoal_status_t status, fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(status, fmt::format(format, std::forward<Args>(args)...));
+}
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline deadlineAfter(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace shoal

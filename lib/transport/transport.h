@@ -1,0 +1,67 @@
+// Transport: tagged point-to-point messages between the ranks of one
+// communicator. Collectives are written only against this interface.
+//
+// Vocabulary: a *tag* is 40 bits chosen by the collective (its call sequence
+// number and step), so messages of different calls or steps never match each
+// other. A receive must be posted with the exact byte count the sender sends;
+// a different size is a mismatch between ranks and fails the call.
+//
+// Failure model: any error (peer death, timeout, size mismatch) makes the
+// communicator unusable. The rank that sees it first tells every peer
+// (abort), so all ranks report an error promptly instead of waiting for their
+// deadline.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "bootstrap/store.h"
+#include "core/error.h"
+
+namespace shoal {
+
+constexpr int kTagBits = 40;
+constexpr uint64_t kMaxTag = (uint64_t(1) << kTagBits) - 1;
+
+class Transport {
+ public:
+  // An outstanding send or receive. Owned by the transport until waited on.
+  struct Request {
+    void* handle = nullptr;  // backend request, nullptr once complete
+    int peer = -1;
+    size_t bytes = 0;
+    bool isReceive = false;
+    bool done = false;
+    size_t receivedBytes = 0;  // backends fill this in for receives that complete immediately
+  };
+
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+
+  virtual Request isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
+  virtual Request irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  // Completes every request or throws shoal::Error (TIMEOUT, REMOTE, MISMATCH,
+  // SYSTEM). On a throw the transport is failed and peers have been told.
+  virtual void waitAll(Request* requests, size_t count, Deadline deadline) = 0;
+  // Tells every peer that this rank gave up on the communicator, with the reason.
+  virtual void abort(const std::string& reason) = 0;
+  // True once an error or abort (local or remote) made the transport unusable.
+  virtual bool failed() const = 0;
+  virtual const std::string& failure() const = 0;
+};
+
+struct TransportOptions {
+  int rank = 0;
+  int worldSize = 1;
+  Store* store = nullptr;     // used only while connecting
+  std::string keyPrefix;      // namespaces the store keys of this communicator
+  double timeoutS = 300;
+};
+
+std::unique_ptr<Transport> makeUcxTransport(const TransportOptions& options);
+
+}  // namespace shoal

@@ -1,0 +1,353 @@
+// UCX transport: the UCP tag API over whatever UCX finds (shared memory, TCP,
+// RDMA), host memory only.
+//
+// Tag layout (64 bits): bit 63 marks an abort notice; bits 40..62 hold the
+// sender's rank; bits 0..39 the collective's tag. UCP matches receives by tag
+// alone, so the sender's rank in the tag is what makes a receive "from peer".
+//
+// Dead peers: endpoints use UCP_ERR_HANDLING_MODE_PEER, so UCX calls
+// onEndpointError when a peer vanishes; waitAll turns that into
+// SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that fails
+// sends an abort notice to all peers so they fail at once, not at their deadline.
+#include <sched.h>
+#include <ucp/api/ucp.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "transport/transport.h"
+
+namespace shoal {
+namespace {
+
+constexpr uint64_t kAbortBit = uint64_t(1) << 63;
+constexpr int kRankShift = kTagBits;
+constexpr uint64_t kFullMask = ~uint64_t(0);
+constexpr size_t kAbortMessageBytes = 512;
+
+void checkUcs(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) fail(SHOAL_ERR_SYSTEM, "UCX {} failed: {}", what, ucs_status_string(status));
+}
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(const TransportOptions& options);
+  ~UcxTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "ucx"; }
+  Request isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
+  Request irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
+  void waitAll(Request* requests, size_t count, Deadline deadline) override;
+  void abort(const std::string& reason) override;
+  bool failed() const override { return !failure_.empty(); }
+  const std::string& failure() const override { return failure_; }
+
+ private:
+  struct PeerSlot {
+    UcxTransport* self;
+    int peer;
+  };
+  static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  uint64_t wireTag(int sender, uint64_t tag) const { return (uint64_t(sender) << kRankShift) | tag; }
+  void checkUsable() const;
+  bool poll(Request& request);
+  void postAbortReceive();
+  void checkForPeerTrouble();
+  [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
+                             bool notifyPeers);
+  void cancelPending(Request* requests, size_t count);
+
+  int rank_;
+  int size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> endpoints_;
+  std::vector<PeerSlot> peerSlots_;
+  std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
+  std::string failure_;
+  shoal_status_t failureStatus_ = SHOAL_OK;
+
+  // Abort notices: one receive always posted for any sender's notice.
+  char abortInbox_[kAbortMessageBytes] = {};
+  void* abortReceive_ = nullptr;
+  std::string abortOutbox_;
+};
+
+UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank), size_(options.worldSize) {
+  ucp_config_t* config = nullptr;
+  checkUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG;
+  params.mt_workers_shared = 0;
+  ucs_status_t status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  checkUcs(status, "ucp_init");
+
+  ucp_worker_params_t workerParams{};
+  workerParams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  workerParams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  checkUcs(ucp_worker_create(context_, &workerParams, &worker_), "ucp_worker_create");
+
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+  checkUcs(ucp_worker_query(worker_, &attr), "ucp_worker_query");
+  Bytes address(static_cast<uint8_t*>(static_cast<void*>(attr.address)),
+                static_cast<uint8_t*>(static_cast<void*>(attr.address)) + attr.address_length);
+  ucp_worker_release_address(worker_, attr.address);
+
+  postAbortReceive();
+  std::string prefix = options.keyPrefix + "ucx/address/";
+  options.store->set(prefix + std::to_string(rank_), address);
+
+  Deadline deadline = deadlineAfter(options.timeoutS);
+  endpoints_.assign(size_, nullptr);
+  peerSlots_.resize(size_);
+  peerStatus_.assign(size_, UCS_OK);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
+    peerSlots_[peer] = {this, peer};
+    ucp_ep_params_t epParams{};
+    epParams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    epParams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+    epParams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    epParams.err_handler.cb = &UcxTransport::onEndpointError;
+    epParams.err_handler.arg = &peerSlots_[peer];
+    checkUcs(ucp_ep_create(worker_, &epParams, &endpoints_[peer]), "ucp_ep_create");
+  }
+}
+
+UcxTransport::~UcxTransport() {
+  if (abortReceive_ != nullptr) {
+    ucp_request_cancel(worker_, abortReceive_);
+    ucp_request_free(abortReceive_);
+    abortReceive_ = nullptr;
+  }
+  // Close gracefully (flush) when healthy; force-close when peers may be gone.
+  std::vector<void*> closing;
+  for (ucp_ep_h ep : endpoints_) {
+    if (ep == nullptr) continue;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = failed() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* request = ucp_ep_close_nbx(ep, &param);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+  }
+  Deadline deadline = deadlineAfter(2.0);
+  for (void* request : closing) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(request);
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* slot = static_cast<PeerSlot*>(arg);
+  slot->self->peerStatus_[slot->peer] = status;
+}
+
+void UcxTransport::postAbortReceive() {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  void* request = ucp_tag_recv_nbx(worker_, abortInbox_, kAbortMessageBytes - 1, kAbortBit, kAbortBit, &param);
+  if (UCS_PTR_IS_ERR(request)) checkUcs(UCS_PTR_STATUS(request), "posting the abort receive");
+  abortReceive_ = request;
+}
+
+void UcxTransport::checkUsable() const {
+  if (failed()) throw Error(failureStatus_, failure_);
+}
+
+Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
+  checkUsable();
+  ucp_request_param_t param{};
+  void* request = ucp_tag_send_nbx(endpoints_[peer], data, bytes, wireTag(rank_, tag), &param);
+  Request result;
+  result.peer = peer;
+  result.bytes = bytes;
+  if (UCS_PTR_IS_ERR(request)) {
+    result.done = true;
+    failWith(nullptr, 0, SHOAL_ERR_REMOTE,
+             fmt::format("rank {}: sending {} bytes to rank {} failed: {}", rank_, bytes, peer,
+                         ucs_status_string(UCS_PTR_STATUS(request))),
+             true);
+  }
+  result.handle = request;
+  result.done = request == nullptr;
+  return result;
+}
+
+Transport::Request UcxTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
+  checkUsable();
+  // Always get a request back: ucp_tag_recv_request_test then reports the
+  // received length uniformly (recv_info is not filled reliably on UCX 1.13).
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  void* request = ucp_tag_recv_nbx(worker_, data, bytes, wireTag(peer, tag), kFullMask, &param);
+  Request result;
+  result.peer = peer;
+  result.bytes = bytes;
+  result.isReceive = true;
+  if (UCS_PTR_IS_ERR(request)) {
+    failWith(nullptr, 0, SHOAL_ERR_MISMATCH,
+             fmt::format("rank {}: receiving {} bytes from rank {} failed: {} (do all ranks pass the same count "
+                         "and dtype?)",
+                         rank_, bytes, peer, ucs_status_string(UCS_PTR_STATUS(request))),
+             true);
+  }
+  result.handle = request;
+  return result;
+}
+
+// Returns true when the request is complete; throws on a failed one.
+bool UcxTransport::poll(Request& request) {
+  if (request.done) return true;
+  ucs_status_t status;
+  if (request.isReceive) {
+    ucp_tag_recv_info_t info{};
+    status = ucp_tag_recv_request_test(request.handle, &info);
+    if (status == UCS_INPROGRESS) return false;
+    request.receivedBytes = info.length;
+  } else {
+    status = ucp_request_check_status(request.handle);
+    if (status == UCS_INPROGRESS) return false;
+  }
+  ucp_request_free(request.handle);
+  request.handle = nullptr;
+  request.done = true;
+  if (status == UCS_ERR_MESSAGE_TRUNCATED)
+    throw Error(SHOAL_ERR_MISMATCH,
+                fmt::format("rank {} expected {} bytes from rank {} but it sent more: do all ranks pass the same "
+                            "count and dtype?",
+                            rank_, request.bytes, request.peer));
+  if (status != UCS_OK)
+    throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {}: {} rank {} failed: {}", rank_,
+                                              request.isReceive ? "receiving from" : "sending to", request.peer,
+                                              ucs_status_string(status)));
+  return true;
+}
+
+void UcxTransport::checkForPeerTrouble() {
+  if (abortReceive_ != nullptr && ucp_request_check_status(abortReceive_) != UCS_INPROGRESS) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_recv_request_test(abortReceive_, &info);
+    ucp_request_free(abortReceive_);
+    abortReceive_ = nullptr;
+    int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
+    abortInbox_[std::min(info.length, kAbortMessageBytes - 1)] = '\0';
+    throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, abortInbox_));
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peerStatus_[peer] != UCS_OK)
+      throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} lost its connection to rank {} ({}): did that rank exit or "
+                                                "crash?",
+                                                rank_, peer, ucs_status_string(peerStatus_[peer])));
+  }
+}
+
+void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
+  checkUsable();
+  unsigned idleRounds = 0;
+  try {
+    for (;;) {
+      bool allDone = true;
+      for (size_t i = 0; i < count; ++i) allDone = poll(requests[i]) && allDone;
+      if (allDone) break;
+      if (ucp_worker_progress(worker_) != 0) {
+        idleRounds = 0;
+        continue;
+      }
+      checkForPeerTrouble();
+      if (Clock::now() > deadline) {
+        std::string pending;
+        for (size_t i = 0; i < count; ++i)
+          if (!requests[i].done)
+            pending += fmt::format("{}{} rank {}", pending.empty() ? "" : ", ",
+                                   requests[i].isReceive ? "receive from" : "send to", requests[i].peer);
+        throw Error(SHOAL_ERR_TIMEOUT,
+                    fmt::format("rank {} timed out (SHOAL_TIMEOUT_S) waiting for {}: is that rank alive and calling "
+                                "the same collective?",
+                                rank_, pending));
+      }
+      // Ranks may outnumber cores: after a short spin, let other processes run.
+      if (++idleRounds > 64) sched_yield();
+    }
+  } catch (const Error& error) {
+    failWith(requests, count, error.status(), error.what(), error.status() != SHOAL_ERR_REMOTE ||
+                                                                std::strstr(error.what(), "aborted") == nullptr);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    Request& request = requests[i];
+    if (request.isReceive && request.receivedBytes != request.bytes)
+      failWith(requests, count, SHOAL_ERR_MISMATCH,
+               fmt::format("rank {} expected {} bytes from rank {} but received {}: do all ranks pass the same count "
+                           "and dtype?",
+                           rank_, request.bytes, request.peer, request.receivedBytes),
+               true);
+  }
+}
+
+void UcxTransport::cancelPending(Request* requests, size_t count) {
+  // Receives must not land in user buffers after we return an error.
+  for (size_t i = 0; i < count; ++i) {
+    if (requests[i].done || requests[i].handle == nullptr) continue;
+    ucp_request_cancel(worker_, requests[i].handle);
+    ucp_request_free(requests[i].handle);
+    requests[i].handle = nullptr;
+    requests[i].done = true;
+  }
+}
+
+void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
+                            bool notifyPeers) {
+  cancelPending(requests, count);
+  if (!failed()) {
+    failure_ = text;
+    failureStatus_ = status;
+    if (notifyPeers) abort(text);
+  }
+  throw Error(status, text);
+}
+
+void UcxTransport::abort(const std::string& reason) {
+  if (failure_.empty()) {
+    failure_ = "the communicator was aborted: " + reason;
+    failureStatus_ = SHOAL_ERR_REMOTE;
+  }
+  abortOutbox_ = reason.substr(0, kAbortMessageBytes - 1);
+  std::vector<void*> sends;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || peerStatus_[peer] != UCS_OK) continue;
+    ucp_request_param_t param{};
+    void* request =
+        ucp_tag_send_nbx(endpoints_[peer], abortOutbox_.data(), abortOutbox_.size(), kAbortBit | wireTag(rank_, 0),
+                         &param);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sends.push_back(request);
+  }
+  // Best effort: give the notices a moment to leave, never block for long.
+  Deadline deadline = deadlineAfter(0.5);
+  for (void* request : sends) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
+    ucp_request_free(request);
+  }
+  SHOAL_LOG_DEBUG("rank {} aborted the communicator: {}", rank_, reason);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> makeUcxTransport(const TransportOptions& options) {
+  return std::make_unique<UcxTransport>(options);
+}
+
+}  // namespace shoal
