@@ -5,14 +5,21 @@
 // sender's rank; bits 0..39 the collective's tag. UCP matches receives by tag
 // alone, so the sender's rank in the tag is what makes a receive "from peer".
 //
-// Dead peers: endpoints use UCP_ERR_HANDLING_MODE_PEER, so UCX calls
-// onEndpointError when a peer vanishes; waitAll turns that into
-// SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that fails
-// sends an abort notice to all peers so they fail at once, not at their deadline.
+// Dead peers: endpoints to other hosts use UCP_ERR_HANDLING_MODE_PEER, so UCX
+// calls onEndpointError when a peer vanishes. UCX 1.13 offers no shared-memory
+// transport in that mode, so endpoints to peers on the same host use mode NONE
+// (shared memory, several times faster than TCP over loopback) and waitAll
+// watches those peers' processes instead (/proc/<pid>). Either way a dead peer
+// becomes SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that
+// fails sends an abort notice to all peers so they fail at once, not at their
+// deadline.
 #include <sched.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -29,6 +36,31 @@ constexpr size_t kAbortMessageBytes = 512;
 
 void checkUcs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) fail(SHOAL_ERR_SYSTEM, "UCX {} failed: {}", what, ucs_status_string(status));
+}
+
+// Identifies this host and PID namespace: peers with the same identity can
+// share memory and see each other's /proc entries.
+std::string hostIdentity() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string bootId;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
+  struct stat namespaceInfo {};
+  stat("/proc/self/ns/pid", &namespaceInfo);
+  return fmt::format("{}/{}/{}", host, bootId, static_cast<unsigned long>(namespaceInfo.st_ino));
+}
+
+// False once the process has exited (gone, or a zombie not yet reaped).
+bool processAlive(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pidField, command, state;
+  if (!(stat >> pidField)) return false;
+  // The command is in parentheses and may contain spaces: skip to the last ')'.
+  std::string rest((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = rest.rfind(')');
+  if (close == std::string::npos || close + 2 >= rest.size()) return false;
+  char stateChar = rest[close + 2];
+  return stateChar != 'Z' && stateChar != 'X';
 }
 
 class UcxTransport final : public Transport {
@@ -69,6 +101,8 @@ class UcxTransport final : public Transport {
   std::vector<ucp_ep_h> endpoints_;
   std::vector<PeerSlot> peerSlots_;
   std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
+  std::vector<long> localPeerPid_;        // same-host peers' pids, 0 for remote peers and self
+  Clock::time_point nextLivenessCheck_{};
   std::string failure_;
   shoal_status_t failureStatus_ = SHOAL_OK;
 
@@ -103,21 +137,32 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
 
   postAbortReceive();
   std::string prefix = options.keyPrefix + "ucx/address/";
+  std::string hostPrefix = options.keyPrefix + "ucx/host/";
+  std::string identity = hostIdentity();
+  std::string hostValue = fmt::format("{} {}", static_cast<long>(getpid()), identity);
+  options.store->set(hostPrefix + std::to_string(rank_), Bytes(hostValue.begin(), hostValue.end()));
   options.store->set(prefix + std::to_string(rank_), address);
 
   Deadline deadline = deadlineAfter(options.timeoutS);
   endpoints_.assign(size_, nullptr);
   peerSlots_.resize(size_);
   peerStatus_.assign(size_, UCS_OK);
+  localPeerPid_.assign(size_, 0);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
+    Bytes peerHost = options.store->get(hostPrefix + std::to_string(peer), deadline);
+    std::string peerHostText(peerHost.begin(), peerHost.end());
+    size_t space = peerHostText.find(' ');
+    bool sameHost = space != std::string::npos && peerHostText.substr(space + 1) == identity;
+    if (sameHost) localPeerPid_[peer] = std::stol(peerHostText.substr(0, space));
     Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
     peerSlots_[peer] = {this, peer};
     ucp_ep_params_t epParams{};
     epParams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
     epParams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    epParams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    // Same process (threads as ranks) or same host: mode NONE allows shared memory.
+    epParams.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     epParams.err_handler.cb = &UcxTransport::onEndpointError;
     epParams.err_handler.arg = &peerSlots_[peer];
     checkUcs(ucp_ep_create(worker_, &epParams, &endpoints_[peer]), "ucp_ep_create");
@@ -131,13 +176,14 @@ UcxTransport::~UcxTransport() {
     abortReceive_ = nullptr;
   }
   // Close gracefully (flush) when healthy; force-close when peers may be gone.
+  // (Force-close exists only for error-handling mode PEER, i.e. remote peers.)
   std::vector<void*> closing;
-  for (ucp_ep_h ep : endpoints_) {
-    if (ep == nullptr) continue;
+  for (int peer = 0; peer < static_cast<int>(endpoints_.size()); ++peer) {
+    if (endpoints_[peer] == nullptr) continue;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = failed() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* request = ucp_ep_close_nbx(ep, &param);
+    param.flags = (failed() && localPeerPid_[peer] == 0) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* request = ucp_ep_close_nbx(endpoints_[peer], &param);
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
   }
   Deadline deadline = deadlineAfter(2.0);
@@ -245,6 +291,14 @@ void UcxTransport::checkForPeerTrouble() {
     int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
     abortInbox_[std::min(info.length, kAbortMessageBytes - 1)] = '\0';
     throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, abortInbox_));
+  }
+  if (Clock::now() >= nextLivenessCheck_) {
+    nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
+    for (int peer = 0; peer < size_; ++peer)
+      if (localPeerPid_[peer] != 0 && localPeerPid_[peer] != getpid() && !processAlive(localPeerPid_[peer]))
+        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
+                                                  "complete the collective",
+                                                  peer, localPeerPid_[peer], rank_));
   }
   for (int peer = 0; peer < size_; ++peer) {
     if (peerStatus_[peer] != UCS_OK)
