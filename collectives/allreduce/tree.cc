@@ -11,7 +11,7 @@ void allreduceTree(Context& context, void* recv, size_t count, const Reducer& re
   const size_t bytes = count * reducer.elementSize();
   if (n > 1) {
     const uint64_t tag = context.reserveTags(1);
-    std::vector<uint8_t> scratch(bytes);
+    uint8_t* scratch = context.scratch.get(0, bytes);
     // Reduce: in round `mask`, ranks with that bit set send their partial sum to
     // rank - mask and drop out; the others add what rank + mask sends them.
     for (int mask = 1; mask < n; mask <<= 1) {
@@ -21,9 +21,9 @@ void allreduceTree(Context& context, void* recv, size_t count, const Reducer& re
         break;
       }
       if (r + mask < n) {
-        Transport::Request receive = context.transport.irecv(r + mask, tag, scratch.data(), bytes);
+        Transport::Request receive = context.transport.irecv(r + mask, tag, scratch, bytes);
         context.wait(receive);
-        reducer.combine(recv, scratch.data(), count);
+        reducer.combine(recv, scratch, count);
       }
     }
   }

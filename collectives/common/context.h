@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "transport/transport.h"
@@ -17,6 +18,24 @@ namespace shoal {
 constexpr int kSubTagBits = 20;
 constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
 
+// Scratch memory that lives as long as the communicator, so large calls do not
+// allocate (and page-fault) fresh buffers every time. Slots are independent.
+class Scratch {
+ public:
+  static constexpr int kSlots = 3;
+  uint8_t* get(int slot, size_t bytes) {
+    if (capacity_[slot] < bytes) {
+      buffers_[slot].reset(new uint8_t[bytes]);  // uninitialised on purpose
+      capacity_[slot] = bytes;
+    }
+    return buffers_[slot].get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> buffers_[kSlots];
+  size_t capacity_[kSlots] = {};
+};
+
 struct Context {
   Transport& transport;
   int rank;
@@ -24,12 +43,13 @@ struct Context {
   uint64_t tagBase;     // (sequence << kSubTagBits)
   Deadline deadline;
   size_t segmentBytes;  // pipelining unit of ring and chain algorithms
+  Scratch& scratch;
   uint64_t nextSubTag = 0;
 
-  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment)
+  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s)
       : transport(t), rank(t.rank()), size(t.size()),
         tagBase((sequence % (uint64_t(1) << (kTagBits - kSubTagBits))) << kSubTagBits), deadline(d),
-        segmentBytes(segment) {}
+        segmentBytes(segment), scratch(s) {}
 
   // Reserves `count` consecutive tags for one phase of an algorithm.
   uint64_t reserveTags(uint64_t count) {

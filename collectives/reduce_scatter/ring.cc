@@ -24,8 +24,7 @@ void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, co
   auto blockSentIn = [&](int step) { return ((r - step - 1) % n + n) % n; };
   auto blockReceivedIn = [&](int step) { return ((r - step - 2) % n + n) % n; };
 
-  std::vector<uint8_t> scratch[2] = {std::vector<uint8_t>(blocks.maxBytes()),
-                                     std::vector<uint8_t>(blocks.maxBytes())};
+  uint8_t* scratch[2] = {context.scratch.get(0, blocks.maxBytes()), context.scratch.get(1, blocks.maxBytes())};
   std::vector<Transport::Request> receives[2];
   std::vector<Transport::Request> sends;
   sends.reserve(static_cast<size_t>(steps) * segments);
@@ -36,7 +35,7 @@ void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, co
     pending.clear();
     for (size_t k = 0; k < blocks.segmentsIn(block); ++k)
       pending.push_back(context.transport.irecv(context.left(), tagOf(step, k),
-                                                scratch[step % 2].data() + k * blocks.segment,
+                                                scratch[step % 2] + k * blocks.segment,
                                                 blocks.segmentLength(block, k)));
   };
 
@@ -53,7 +52,7 @@ void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, co
       context.wait(receives[step % 2][k]);
       size_t length = blocks.segmentLength(block, k);
       uint8_t* mine = data + blocks.segmentBegin(block, k);
-      reducer.combine(mine, scratch[step % 2].data() + k * blocks.segment, length / reducer.elementSize());
+      reducer.combine(mine, scratch[step % 2] + k * blocks.segment, length / reducer.elementSize());
       if (step + 1 < steps) sends.push_back(context.transport.isend(context.right(), tagOf(step + 1, k), mine, length));
     }
   }

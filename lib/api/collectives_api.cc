@@ -58,7 +58,7 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
 // communicator (peers are told) and is rethrown.
 template <typename Body>
 void runCollective(shoal_comm& comm, Body&& body) {
-  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes);
+  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
   try {
     body(context);
   } catch (const Error& error) {
@@ -177,11 +177,13 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
     if (recvcount == 0) return void(c.sequence++);
     Reducer reducer(dtype, op);
     // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
-    std::vector<uint8_t> work(static_cast<const uint8_t*>(sendbuf), static_cast<const uint8_t*>(sendbuf) + totalBytes);
+    // (Scratch slots 0 and 1 are the ring's receive buffers; 2 is free.)
+    uint8_t* work = c.scratch.get(2, totalBytes);
+    std::memcpy(work, sendbuf, totalBytes);
     Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-    runCollective(c, [&](Context& context) { ringReduceScatter(context, work.data(), blocks, reducer); });
-    reducer.finish(work.data() + blocks.offset[c.rank], recvcount, c.size);
-    std::memcpy(recvbuf, work.data() + blocks.offset[c.rank], bytes);
+    runCollective(c, [&](Context& context) { ringReduceScatter(context, work, blocks, reducer); });
+    reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
+    std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
   });
 }
 

@@ -65,7 +65,7 @@ void checkRanksAgree(shoal_comm& comm) {
   std::string settings = fmt::format("{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes);
   uint64_t hash = std::hash<std::string>{}(settings);
   uint64_t both[2] = {hash, ~hash};
-  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes);
+  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
   allreduceTree(context, both, 2, Reducer(SHOAL_U64, SHOAL_MAX));
   if (both[0] != hash || ~both[1] != hash)
     fail(SHOAL_ERR_MISMATCH,

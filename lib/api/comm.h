@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bootstrap/store.h"
+#include "collectives/common/context.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
 #include "transport/transport.h"
@@ -20,6 +21,7 @@ struct shoal_comm {
   uint64_t sequence = 0;   // collective calls so far: feeds the message tags
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
+  shoal::Scratch scratch;  // reused by every call
   std::string lastError;
   bool finalized = false;
 };
