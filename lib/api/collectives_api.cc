@@ -43,28 +43,41 @@ void checkBuffer(const char* call, const char* name, const void* buffer, size_t 
          name, bytes);
 }
 
-// [a, a + na) and [b, b + nb) overlap without being the same buffer: refused,
-// since the result would depend on the copy order.
-void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, const void* inPlace) {
+// [a, a + na) and [b, b + nb) overlap without being the in-place layout:
+// refused, since the result would depend on the copy order.
+void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  if (a == nullptr || b == nullptr || na == 0 || nb == 0 || b == inPlace) return;
+  if (inPlace || a == nullptr || b == nullptr || na == 0 || nb == 0) return;
   if (pa < pb + nb && pb < pa + na)
     fail(SHOAL_ERR_INVALID_ARGUMENT,
          "{}: sendbuf and recvbuf overlap without being the in-place layout; use separate buffers or the in-place form",
          call);
 }
 
-// Runs one collective: fresh tags and deadline; any failure aborts the
+// Runs one collective with its call's sequence number (taken at entry, even
+// when the arguments are then refused, so that a rank that skips a call can
+// never pair its next call with its peers' current one: they see a timeout
+// or mismatch instead of a silently wrong result). Any failure aborts the
 // communicator (peers are told) and is rethrown.
 template <typename Body>
-void runCollective(shoal_comm& comm, Body&& body) {
-  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
+  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
   try {
     body(context);
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
   }
+}
+
+// A call with nothing to move still exchanges empty messages along a tree, so
+// a rank whose peers passed a non-zero count fails with them instead of
+// returning success alone.
+void emptyCall(shoal_comm& comm, uint64_t sequence) {
+  runCollective(comm, sequence, [](Context& context) {
+    uint8_t unused = 0;
+    allreduceTree(context, &unused, 0, Reducer(SHOAL_U8, SHOAL_SUM));
+  });
 }
 
 }  // namespace
@@ -77,16 +90,17 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
   return guarded(comm, [&] {
     const char* call = "shoal_allreduce";
     shoal_comm& c = usableComm(comm, call);
+    const uint64_t sequence = c.sequence++;
     checkDtypeOp(call, dtype, op);
     size_t bytes = checkedBytes(call, "count", count, dtype);
     checkBuffer(call, "sendbuf", sendbuf, bytes);
     checkBuffer(call, "recvbuf", recvbuf, bytes);
-    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf);
+    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
     const AllreduceAlgorithm& algorithm = selectAllreduce(c.algorithm, bytes, c.size, c.treeMaxBytes);
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
     Reducer reducer(dtype, op);
-    if (count == 0) return void(c.sequence++);  // keep every rank's call count in step
-    runCollective(c, [&](Context& context) { algorithm.run(context, recvbuf, count, reducer); });
+    if (count == 0) return emptyCall(c, sequence);
+    runCollective(c, sequence, [&](Context& context) { algorithm.run(context, recvbuf, count, reducer); });
   });
 }
 
@@ -95,6 +109,7 @@ SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* send
   return guarded(comm, [&] {
     const char* call = "shoal_allgatherv";
     shoal_comm& c = usableComm(comm, call);
+    const uint64_t sequence = c.sequence++;
     checkDtype(call, dtype);
     if (recvcounts == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", call);
@@ -118,21 +133,28 @@ SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* send
       for (int r = 0; r < c.rank; ++r) packed += recvcounts[r];
       return packed;
     }()) * element;
-    checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, recvbuf == nullptr ? nullptr : ownPlace);
+    checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
     if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
-    if (totalBytes == 0) return void(c.sequence++);
+    if (totalBytes == 0) return emptyCall(c, sequence);
     // Every rank forwards every block: one tag per segment and step.
     Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
-    runCollective(c, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
+    runCollective(c, sequence, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allgather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                                             shoal_dtype_t dtype) {
+  // shoal_allgatherv checks the rest and takes the call's sequence number;
+  // a refusal here takes it instead.
   shoal_status_t status = guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_allgather");
-    checkDtype("shoal_allgather", dtype);
-    checkedBytes("shoal_allgather", "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
+    try {
+      checkDtype("shoal_allgather", dtype);
+      checkedBytes("shoal_allgather", "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
+    } catch (const Error&) {
+      c.sequence++;
+      throw;
+    }
   });
   if (status != SHOAL_OK) return status;
   std::vector<size_t> counts(static_cast<size_t>(comm->size), sendcount);
@@ -144,6 +166,7 @@ SHOAL_EXPORT shoal_status_t shoal_broadcast(shoal_comm_t comm, const void* sendb
   return guarded(comm, [&] {
     const char* call = "shoal_broadcast";
     shoal_comm& c = usableComm(comm, call);
+    const uint64_t sequence = c.sequence++;
     checkDtype(call, dtype);
     if (root < 0 || root >= c.size)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
@@ -151,12 +174,12 @@ SHOAL_EXPORT shoal_status_t shoal_broadcast(shoal_comm_t comm, const void* sendb
     if (c.rank == root) checkBuffer(call, "sendbuf (on root)", sendbuf, bytes);
     checkBuffer(call, "recvbuf", recvbuf, bytes);
     if (c.rank == root) {
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf);
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
       if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
     }
-    if (bytes == 0) return void(c.sequence++);
+    if (bytes == 0) return emptyCall(c, sequence);
     bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
-    runCollective(c, [&](Context& context) {
+    runCollective(c, sequence, [&](Context& context) {
       tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
     });
   });
@@ -167,21 +190,22 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
   return guarded(comm, [&] {
     const char* call = "shoal_reduce_scatter";
     shoal_comm& c = usableComm(comm, call);
+    const uint64_t sequence = c.sequence++;
     checkDtypeOp(call, dtype, op);
     size_t totalBytes = checkedBytes(call, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
     size_t bytes = recvcount * dtypeSize(dtype);
     checkBuffer(call, "sendbuf", sendbuf, totalBytes);
     checkBuffer(call, "recvbuf", recvbuf, bytes);
     const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
-    checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, sendbuf == nullptr ? nullptr : inPlace);
-    if (recvcount == 0) return void(c.sequence++);
+    checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+    if (recvcount == 0) return emptyCall(c, sequence);
     Reducer reducer(dtype, op);
     // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
     // (Scratch slots 0 and 1 are the ring's receive buffers; 2 is free.)
     uint8_t* work = c.scratch.get(2, totalBytes);
     std::memcpy(work, sendbuf, totalBytes);
     Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-    runCollective(c, [&](Context& context) { ringReduceScatter(context, work, blocks, reducer); });
+    runCollective(c, sequence, [&](Context& context) { ringReduceScatter(context, work, blocks, reducer); });
     reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
     std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
   });
@@ -190,6 +214,6 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
 SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_barrier");
-    runCollective(c, [&](Context& context) { barrierDissemination(context); });
+    runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
   });
 }
