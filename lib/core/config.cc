@@ -22,6 +22,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_ALGO", "auto", "Collective algorithm: auto, ring or tree."},
       {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use the tree, larger ones the ring."},
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
+      {"SHOAL_SPIN_ROUNDS", "2000", "Idle polls before a waiting rank sleeps until the network wakes it (0 = sleep at once)."},
       {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug."},
   };
   return variables;

@@ -60,6 +60,7 @@ struct TransportOptions {
   Store* store = nullptr;     // used only while connecting
   std::string keyPrefix;      // namespaces the store keys of this communicator
   double timeoutS = 300;
+  int spinRounds = 2000;      // idle polls before a wait sleeps on the transport's events
 };
 
 std::unique_ptr<Transport> makeUcxTransport(const TransportOptions& options);

@@ -13,6 +13,7 @@
 // becomes SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that
 // fails sends an abort notice to all peers so they fail at once, not at their
 // deadline.
+#include <poll.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <ucp/api/ucp.h>
@@ -89,10 +90,17 @@ class UcxTransport final : public Transport {
   void checkUsable() const;
   bool poll(Request& request);
   void postAbortReceive();
-  void checkForPeerTrouble();
+  void checkForPeerTrouble(Request* requests, size_t count);
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
+  void waitForEvents();
+
+  // Idle polls before sleeping on the event fd; the sleep is short so that
+  // deadlines and peer liveness are still checked often.
+  static constexpr int kEventWaitMs = 2;
+  unsigned spinRounds_ = 2000;
+  int eventFd_ = -1;
 
   int rank_;
   int size_;
@@ -117,7 +125,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   checkUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
   ucs_status_t status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -135,6 +143,8 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
                 static_cast<uint8_t*>(static_cast<void*>(attr.address)) + attr.address_length);
   ucp_worker_release_address(worker_, attr.address);
 
+  if (ucp_worker_get_efd(worker_, &eventFd_) != UCS_OK) eventFd_ = -1;
+  spinRounds_ = static_cast<unsigned>(options.spinRounds);
   postAbortReceive();
   std::string prefix = options.keyPrefix + "ucx/address/";
   std::string hostPrefix = options.keyPrefix + "ucx/host/";
@@ -282,7 +292,10 @@ bool UcxTransport::poll(Request& request) {
   return true;
 }
 
-void UcxTransport::checkForPeerTrouble() {
+// Throws when a peer aborted, or when a peer that one of the pending requests
+// needs is gone. A peer that finished its part and exited is no failure: its
+// last messages may already sit in our queues, so drain before judging.
+void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
   if (abortReceive_ != nullptr && ucp_request_check_status(abortReceive_) != UCS_INPROGRESS) {
     ucp_tag_recv_info_t info{};
     ucp_tag_recv_request_test(abortReceive_, &info);
@@ -292,20 +305,39 @@ void UcxTransport::checkForPeerTrouble() {
     abortInbox_[std::min(info.length, kAbortMessageBytes - 1)] = '\0';
     throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, abortInbox_));
   }
-  if (Clock::now() >= nextLivenessCheck_) {
-    nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
-    for (int peer = 0; peer < size_; ++peer)
-      if (localPeerPid_[peer] != 0 && localPeerPid_[peer] != getpid() && !processAlive(localPeerPid_[peer]))
-        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
-                                                  "complete the collective",
-                                                  peer, localPeerPid_[peer], rank_));
-  }
-  for (int peer = 0; peer < size_; ++peer) {
+  bool checkLiveness = Clock::now() >= nextLivenessCheck_;
+  if (checkLiveness) nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
+  for (size_t i = 0; i < count; ++i) {
+    if (requests[i].done) continue;
+    int peer = requests[i].peer;
+    bool gone = peerStatus_[peer] != UCS_OK;
+    if (!gone && checkLiveness && localPeerPid_[peer] != 0 && localPeerPid_[peer] != getpid())
+      gone = !processAlive(localPeerPid_[peer]);
+    if (!gone) continue;
+    for (int drain = 0; drain < 1000 && !requests[i].done; ++drain) {
+      ucp_worker_progress(worker_);
+      poll(requests[i]);
+    }
+    if (requests[i].done) continue;
     if (peerStatus_[peer] != UCS_OK)
       throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} lost its connection to rank {} ({}): did that rank exit or "
                                                 "crash?",
                                                 rank_, peer, ucs_status_string(peerStatus_[peer])));
+    throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
+                                              "complete the collective",
+                                              peer, localPeerPid_[peer], rank_));
   }
+}
+
+void UcxTransport::waitForEvents() {
+  if (eventFd_ < 0) {
+    sched_yield();
+    return;
+  }
+  // ucp_worker_arm says BUSY when events are already pending: progress instead.
+  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  pollfd descriptor{eventFd_, POLLIN, 0};
+  ::poll(&descriptor, 1, kEventWaitMs);
 }
 
 void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
@@ -320,7 +352,7 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
         idleRounds = 0;
         continue;
       }
-      checkForPeerTrouble();
+      checkForPeerTrouble(requests, count);
       if (Clock::now() > deadline) {
         std::string pending;
         for (size_t i = 0; i < count; ++i)
@@ -332,8 +364,9 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
                                 "the same collective?",
                                 rank_, pending));
       }
-      // Ranks may outnumber cores: after a short spin, let other processes run.
-      if (++idleRounds > 64) sched_yield();
+      // Spin briefly (lowest latency), then sleep on the worker's event fd so
+      // that ranks outnumbering cores leave the CPU to the peers they wait for.
+      if (++idleRounds > spinRounds_) waitForEvents();
     }
   } catch (const Error& error) {
     failWith(requests, count, error.status(), error.what(), error.status() != SHOAL_ERR_REMOTE ||
