@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages shoal needs to build, test and benchmark.
 # Idempotent: does nothing when everything is present.
+# Usage: scripts/setup.sh [--peers]   (--peers: also Gloo and Open MPI for bench/peers)
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,11 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
 )
+
+# The peers benchmark (bench/peers/) also needs Gloo and Open MPI.
+if [ "${1:-}" = "--peers" ]; then
+  packages+=(libgloo-dev openmpi-bin libopenmpi-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
