@@ -23,6 +23,7 @@ void ringAllgather(Context& context, uint8_t* data, const Blocks& blocks);
 using AllreduceFn = void (*)(Context& context, void* recv, size_t count, const Reducer& reducer);
 void allreduceRing(Context& context, void* recv, size_t count, const Reducer& reducer);
 void allreduceTree(Context& context, void* recv, size_t count, const Reducer& reducer);
+void allreduceRecursiveDoubling(Context& context, void* recv, size_t count, const Reducer& reducer);
 
 struct AllreduceAlgorithm {
   const char* name;

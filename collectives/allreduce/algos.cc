@@ -6,7 +6,9 @@ namespace shoal {
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
   static const std::vector<AllreduceAlgorithm> table = {
       {"ring", "reduce-scatter + allgather around a ring, pipelined; bandwidth-optimal", allreduceRing},
-      {"tree", "binomial reduce to rank 0 + binomial broadcast; lowest latency for small messages", allreduceTree},
+      {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
+      {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
+       allreduceRecursiveDoubling},
   };
   return table;
 }
@@ -15,9 +17,9 @@ const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes,
                                           size_t treeMaxBytes) {
   std::string wanted = name;
   if (wanted.empty() || wanted == "auto") {
-    // The tree wins while latency dominates (2 log2 n hops against the ring's
-    // 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
-    wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "tree" : "ring";
+    // Recursive doubling wins while latency dominates (log2 n hops against
+    // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
+    wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "doubling" : "ring";
   }
   std::string names;
   for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms()) {
