@@ -14,14 +14,18 @@
 namespace shoal {
 
 // ---- building blocks (in place on `data`, laid out as `blocks`) ----------
-// Ring reduce-scatter: afterwards rank r's block r holds the reduction over all ranks.
-void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, const Reducer& reducer);
+// Ring reduce-scatter: afterwards block r of rank r's `data` holds the
+// reduction of every rank's `input` (input may equal data: in place).
+void ringReduceScatter(Context& context, const uint8_t* input, uint8_t* data, const Blocks& blocks,
+                       const Reducer& reducer);
 // Ring allgather: rank r's block r is already in place; afterwards all blocks are.
 void ringAllgather(Context& context, uint8_t* data, const Blocks& blocks);
 
 // ---- allreduce: recv already holds this rank's input ---------------------
 using AllreduceFn = void (*)(Context& context, void* recv, size_t count, const Reducer& reducer);
 void allreduceRing(Context& context, void* recv, size_t count, const Reducer& reducer);
+// The ring, out of place: reads send, writes recv, no copy of the input first.
+void allreduceRingOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer);
 void allreduceTree(Context& context, void* recv, size_t count, const Reducer& reducer);
 void allreduceRecursiveDoubling(Context& context, void* recv, size_t count, const Reducer& reducer);
 

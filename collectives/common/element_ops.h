@@ -125,6 +125,12 @@ SHOAL_HD inline void combineElement(T* dst, const T* src, size_t i, Op op) {
   dst[i] = narrow<T>(op(widen(dst[i]), widen(src[i])));
 }
 
+// out[i] = a[i] (op) b[i]: the same, out of place (out may alias a).
+template <typename T, typename Op>
+SHOAL_HD inline void combineElementInto(T* out, const T* a, const T* b, size_t i, Op op) {
+  out[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
+}
+
 // out[i] = out[i] / divisor, in the compute type (integer division truncates toward zero).
 template <typename T>
 SHOAL_HD inline void divideElement(T* out, size_t i, int divisor) {

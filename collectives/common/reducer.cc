@@ -17,6 +17,14 @@ void combineLoop(void* dst, const void* src, size_t count) {
   for (size_t i = 0; i < count; ++i) ops::combineElement(d, s, i, Op{});
 }
 
+template <typename T, typename Op>
+void combineIntoLoop(void* out, const void* a, const void* b, size_t count) {
+  T* __restrict o = static_cast<T*>(out);
+  const T* __restrict x = static_cast<const T*>(a);
+  const T* __restrict y = static_cast<const T*>(b);
+  for (size_t i = 0; i < count; ++i) ops::combineElementInto(o, x, y, i, Op{});
+}
+
 template <typename T>
 void divideLoop(void* buf, size_t count, int divisor) {
   T* b = static_cast<T*>(buf);
@@ -26,23 +34,29 @@ void divideLoop(void* buf, size_t count, int divisor) {
 struct Entry {
   void (*combine)(void*, const void*, size_t);
   void (*divide)(void*, size_t, int);
+  void (*combineInto)(void*, const void*, const void*, size_t);
 };
+
+template <typename T, typename Op>
+Entry loopsFor(void (*divide)(void*, size_t, int)) {
+  return {combineLoop<T, Op>, divide, combineIntoLoop<T, Op>};
+}
 
 template <typename T>
 Entry entryFor(shoal_op_t op) {
   constexpr bool integral = std::is_integral_v<T>;
   switch (op) {
     case SHOAL_SUM:
-    case SHOAL_AVG: return {combineLoop<T, ops::Sum>, divideLoop<T>};
-    case SHOAL_PROD: return {combineLoop<T, ops::Prod>, nullptr};
-    case SHOAL_MIN: return {combineLoop<T, ops::Min>, nullptr};
-    case SHOAL_MAX: return {combineLoop<T, ops::Max>, nullptr};
-    case SHOAL_BAND: if constexpr (integral) return {combineLoop<T, ops::BitAnd>, nullptr}; break;
-    case SHOAL_BOR: if constexpr (integral) return {combineLoop<T, ops::BitOr>, nullptr}; break;
-    case SHOAL_BXOR: if constexpr (integral) return {combineLoop<T, ops::BitXor>, nullptr}; break;
+    case SHOAL_AVG: return loopsFor<T, ops::Sum>(divideLoop<T>);
+    case SHOAL_PROD: return loopsFor<T, ops::Prod>(nullptr);
+    case SHOAL_MIN: return loopsFor<T, ops::Min>(nullptr);
+    case SHOAL_MAX: return loopsFor<T, ops::Max>(nullptr);
+    case SHOAL_BAND: if constexpr (integral) return loopsFor<T, ops::BitAnd>(nullptr); break;
+    case SHOAL_BOR: if constexpr (integral) return loopsFor<T, ops::BitOr>(nullptr); break;
+    case SHOAL_BXOR: if constexpr (integral) return loopsFor<T, ops::BitXor>(nullptr); break;
     default: break;
   }
-  return {nullptr, nullptr};
+  return {nullptr, nullptr, nullptr};
 }
 
 Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
@@ -57,7 +71,7 @@ Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
     case SHOAL_U32: return entryFor<uint32_t>(op);
     case SHOAL_I64: return entryFor<int64_t>(op);
     case SHOAL_U64: return entryFor<uint64_t>(op);
-    default: return {nullptr, nullptr};
+    default: return {nullptr, nullptr, nullptr};
   }
 }
 
@@ -80,6 +94,7 @@ Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), e
   if (entry.combine == nullptr)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
   combine_ = entry.combine;
+  combineInto_ = entry.combineInto;
   divide_ = op == SHOAL_AVG ? entry.divide : nullptr;
 }
 

@@ -10,11 +10,15 @@
 // each segment is forwarded as soon as it has been added, while later segments
 // are still arriving. Receives land in two scratch blocks used alternately, so
 // the next step's receives are posted before this step's are consumed.
+//
+// Out of place, this rank's contribution is read from `input` and every sum is
+// written to `data` (no copy of the input first); in place, input == data.
 #include "collectives/collectives.h"
 
 namespace shoal {
 
-void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, const Reducer& reducer) {
+void ringReduceScatter(Context& context, const uint8_t* input, uint8_t* data, const Blocks& blocks,
+                       const Reducer& reducer) {
   const int n = context.size, r = context.rank;
   if (n == 1) return;
   const int steps = n - 1;
@@ -42,7 +46,7 @@ void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, co
   postReceives(0);
   int first = blockSentIn(0);
   for (size_t k = 0; k < blocks.segmentsIn(first); ++k)
-    sends.push_back(context.transport.isend(context.right(), tagOf(0, k), data + blocks.segmentBegin(first, k),
+    sends.push_back(context.transport.isend(context.right(), tagOf(0, k), input + blocks.segmentBegin(first, k),
                                             blocks.segmentLength(first, k)));
 
   for (int step = 0; step < steps; ++step) {
@@ -52,7 +56,8 @@ void ringReduceScatter(Context& context, uint8_t* data, const Blocks& blocks, co
       context.wait(receives[step % 2][k]);
       size_t length = blocks.segmentLength(block, k);
       uint8_t* mine = data + blocks.segmentBegin(block, k);
-      reducer.combine(mine, scratch[step % 2] + k * blocks.segment, length / reducer.elementSize());
+      reducer.combineInto(mine, input + blocks.segmentBegin(block, k), scratch[step % 2] + k * blocks.segment,
+                          length / reducer.elementSize());
       if (step + 1 < steps) sends.push_back(context.transport.isend(context.right(), tagOf(step + 1, k), mine, length));
     }
   }

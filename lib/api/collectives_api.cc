@@ -64,6 +64,7 @@ void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
   Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
   try {
     body(context);
+    comm.transport->checkNotAborted();
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
@@ -97,9 +98,13 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
     checkBuffer(call, "recvbuf", recvbuf, bytes);
     checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
     const AllreduceAlgorithm& algorithm = selectAllreduce(c.algorithm, bytes, c.size, c.treeMaxBytes);
-    if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
     Reducer reducer(dtype, op);
     if (count == 0) return emptyCall(c, sequence);
+    if (algorithm.run == allreduceRing)  // the ring reads sendbuf directly: no copy
+      return runCollective(c, sequence, [&](Context& context) {
+        allreduceRingOutOfPlace(context, sendbuf, recvbuf, count, reducer);
+      });
+    if (sendbuf != recvbuf) std::memcpy(recvbuf, sendbuf, bytes);
     runCollective(c, sequence, [&](Context& context) { algorithm.run(context, recvbuf, count, reducer); });
   });
 }
@@ -201,11 +206,14 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
     if (recvcount == 0) return emptyCall(c, sequence);
     Reducer reducer(dtype, op);
     // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
-    // (Scratch slots 0 and 1 are the ring's receive buffers; 2 is free.)
+    // The ring writes partial sums of every block: into scratch, so sendbuf
+    // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
     uint8_t* work = c.scratch.get(2, totalBytes);
-    std::memcpy(work, sendbuf, totalBytes);
     Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-    runCollective(c, sequence, [&](Context& context) { ringReduceScatter(context, work, blocks, reducer); });
+    runCollective(c, sequence, [&](Context& context) {
+      ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
+    });
+    if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
     reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
     std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
   });

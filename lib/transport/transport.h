@@ -47,6 +47,10 @@ class Transport {
   // Completes every request or throws shoal::Error (TIMEOUT, REMOTE, MISMATCH,
   // SYSTEM). On a throw the transport is failed and peers have been told.
   virtual void waitAll(Request* requests, size_t count, Deadline deadline) = 0;
+  // Throws if a peer has aborted the communicator. Called when a collective
+  // completes: its data may have been waiting for a late rank while the peers
+  // gave up on the call, and then the late rank must fail too.
+  virtual void checkNotAborted() = 0;
   // Tells every peer that this rank gave up on the communicator, with the reason.
   virtual void abort(const std::string& reason) = 0;
   // True once an error or abort (local or remote) made the transport unusable.

@@ -76,6 +76,7 @@ class UcxTransport final : public Transport {
   Request irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   void waitAll(Request* requests, size_t count, Deadline deadline) override;
   void abort(const std::string& reason) override;
+  void checkNotAborted() override;
   bool failed() const override { return !failure_.empty(); }
   const std::string& failure() const override { return failure_; }
 
@@ -380,6 +381,16 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
                            "and dtype?",
                            rank_, request.bytes, request.peer, request.receivedBytes),
                true);
+  }
+}
+
+void UcxTransport::checkNotAborted() {
+  checkUsable();
+  ucp_worker_progress(worker_);
+  try {
+    checkForPeerTrouble(nullptr, 0);
+  } catch (const Error& error) {
+    failWith(nullptr, 0, error.status(), error.what(), false);
   }
 }
 
