@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "core/log.h"
@@ -108,6 +109,7 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> endpoints_;
+  std::unordered_set<void*> live_;  // requests handed out and not yet completed
   std::vector<PeerSlot> peerSlots_;
   std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
   std::vector<long> localPeerPid_;        // same-host peers' pids, 0 for remote peers and self
@@ -240,6 +242,7 @@ Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data,
   }
   result.handle = request;
   result.done = request == nullptr;
+  if (request != nullptr) live_.insert(request);
   return result;
 }
 
@@ -262,6 +265,7 @@ Transport::Request UcxTransport::irecv(int peer, uint64_t tag, void* data, size_
              true);
   }
   result.handle = request;
+  live_.insert(request);
   return result;
 }
 
@@ -279,6 +283,7 @@ bool UcxTransport::poll(Request& request) {
     if (status == UCS_INPROGRESS) return false;
   }
   ucp_request_free(request.handle);
+  live_.erase(request.handle);
   request.handle = nullptr;
   request.done = true;
   if (status == UCS_ERR_MESSAGE_TRUNCATED)
@@ -395,11 +400,15 @@ void UcxTransport::checkNotAborted() {
 }
 
 void UcxTransport::cancelPending(Request* requests, size_t count) {
-  // Receives must not land in user buffers after we return an error.
+  // Every outstanding request of the communicator, not only this wait's: a
+  // ring posts later steps' receives early, and none may land in user
+  // buffers after the call returned an error.
+  for (void* handle : live_) {
+    ucp_request_cancel(worker_, handle);
+    ucp_request_free(handle);
+  }
+  live_.clear();
   for (size_t i = 0; i < count; ++i) {
-    if (requests[i].done || requests[i].handle == nullptr) continue;
-    ucp_request_cancel(worker_, requests[i].handle);
-    ucp_request_free(requests[i].handle);
     requests[i].handle = nullptr;
     requests[i].done = true;
   }
