@@ -136,9 +136,12 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   transportOptions.store = comm->store.get();
   transportOptions.keyPrefix = nextKeyPrefix(storeOptions.url, comm->rank);
   transportOptions.timeoutS = comm->timeoutS;
-  long long spinRounds = config::getInt("SHOAL_SPIN_ROUNDS");
-  if (spinRounds < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_SPIN_ROUNDS must be >= 0, not {}", spinRounds);
-  transportOptions.spinRounds = static_cast<int>(std::min<long long>(spinRounds, 1 << 30));
+  if (config::getString("SHOAL_SPIN_ROUNDS") != "auto") {
+    long long spinRounds = config::getInt("SHOAL_SPIN_ROUNDS");
+    if (spinRounds < 0)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_SPIN_ROUNDS must be auto or >= 0, not {}", spinRounds);
+    transportOptions.spinRounds = static_cast<int>(std::min<long long>(spinRounds, 1 << 30));
+  }
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
   return comm;

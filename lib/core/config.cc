@@ -22,7 +22,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_ALGO", "auto", "Allreduce algorithm: auto, ring, tree or doubling (broadcast: tree or chain, chosen by size unless ring/tree)."},
       {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain."},
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
-      {"SHOAL_SPIN_ROUNDS", "2000", "Idle polls before a waiting rank sleeps until the network wakes it (0 = sleep at once)."},
+      {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores)."},
       {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug."},
   };
   return variables;

@@ -64,7 +64,7 @@ struct TransportOptions {
   Store* store = nullptr;     // used only while connecting
   std::string keyPrefix;      // namespaces the store keys of this communicator
   double timeoutS = 300;
-  int spinRounds = 2000;      // idle polls before a wait sleeps on the transport's events
+  int spinRounds = -1;        // idle polls before a wait yields the CPU; -1 = by cores per rank
 };
 
 std::unique_ptr<Transport> makeUcxTransport(const TransportOptions& options);

@@ -19,6 +19,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -96,10 +97,14 @@ class UcxTransport final : public Transport {
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
-  void waitForEvents();
+  void idle(Clock::time_point idleSince);
 
-  // Idle polls before sleeping on the event fd; the sleep is short so that
-  // deadlines and peer liveness are still checked often.
+  // Idle polls spin spinRounds_ times, then yield for kYieldPhaseMs, then sleep
+  // on the event fd in slices of kEventWaitMs (deadlines and peer liveness are
+  // still checked between slices).
+  static constexpr int kYieldPhaseMs = 5;
+  static constexpr unsigned kDedicatedSpinRounds = 2000;
+  static constexpr unsigned kOversubscribedSpinRounds = 20;
   static constexpr int kEventWaitMs = 2;
   unsigned spinRounds_ = 2000;
   int eventFd_ = -1;
@@ -126,6 +131,10 @@ class UcxTransport final : public Transport {
 UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank), size_(options.worldSize) {
   ucp_config_t* config = nullptr;
   checkUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  // UCX's automatic rendezvous threshold switches shared-memory messages to
+  // rendezvous at ~8 KiB, doubling the latency of 16-128 KiB messages
+  // (measured: docs/benchmarks.md). A user's own UCX_RNDV_THRESH wins.
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) ucp_config_modify(config, "RNDV_THRESH", "131072");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -161,13 +170,17 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   peerSlots_.resize(size_);
   peerStatus_.assign(size_, UCS_OK);
   localPeerPid_.assign(size_, 0);
+  int ranksOnThisHost = 1;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     Bytes peerHost = options.store->get(hostPrefix + std::to_string(peer), deadline);
     std::string peerHostText(peerHost.begin(), peerHost.end());
     size_t space = peerHostText.find(' ');
     bool sameHost = space != std::string::npos && peerHostText.substr(space + 1) == identity;
-    if (sameHost) localPeerPid_[peer] = std::stol(peerHostText.substr(0, space));
+    if (sameHost) {
+      localPeerPid_[peer] = std::stol(peerHostText.substr(0, space));
+      ++ranksOnThisHost;
+    }
     Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
     peerSlots_[peer] = {this, peer};
     ucp_ep_params_t epParams{};
@@ -179,6 +192,11 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
     epParams.err_handler.cb = &UcxTransport::onEndpointError;
     epParams.err_handler.arg = &peerSlots_[peer];
     checkUcs(ucp_ep_create(worker_, &epParams, &endpoints_[peer]), "ucp_ep_create");
+  }
+  if (options.spinRounds < 0) {
+    // Auto: spinning pays only while every rank of this host has a core of its own.
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    spinRounds_ = ranksOnThisHost > cores ? kOversubscribedSpinRounds : kDedicatedSpinRounds;
   }
 }
 
@@ -335,8 +353,11 @@ void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
   }
 }
 
-void UcxTransport::waitForEvents() {
-  if (eventFd_ < 0) {
+// Called on every idle poll past the spin phase: yield the CPU (ranks that
+// outnumber cores need it to run the peers they wait for), and once idle for
+// long (a straggler), sleep on the worker's event fd instead of burning a core.
+void UcxTransport::idle(Clock::time_point idleSince) {
+  if (eventFd_ < 0 || Clock::now() - idleSince < std::chrono::milliseconds(kYieldPhaseMs)) {
     sched_yield();
     return;
   }
@@ -349,6 +370,7 @@ void UcxTransport::waitForEvents() {
 void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
   checkUsable();
   unsigned idleRounds = 0;
+  Clock::time_point idleSince{};
   try {
     for (;;) {
       bool allDone = true;
@@ -372,7 +394,8 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
       }
       // Spin briefly (lowest latency), then sleep on the worker's event fd so
       // that ranks outnumbering cores leave the CPU to the peers they wait for.
-      if (++idleRounds > spinRounds_) waitForEvents();
+      if (++idleRounds == spinRounds_ + 1) idleSince = Clock::now();
+      if (idleRounds > spinRounds_) idle(idleSince);
     }
   } catch (const Error& error) {
     failWith(requests, count, error.status(), error.what(), error.status() != SHOAL_ERR_REMOTE ||
