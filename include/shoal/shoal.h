@@ -60,6 +60,32 @@ typedef enum shoal_op {
 
 typedef struct shoal_comm *shoal_comm_t;
 
+/* Where a tensor's memory lives. */
+typedef enum shoal_memory {
+  SHOAL_MEMORY_HOST = 0,
+  SHOAL_MEMORY_CUDA = 1 /* device memory; needs a CUDA-enabled build */
+} shoal_memory_t;
+
+#define SHOAL_MAX_DIMS 8
+
+/* A tensor: data, dtype and shape (row-major, contiguous). Shapes matter to
+ * compressors: PowerSGD views a tensor as a matrix [shape[0], prod(rest)]. */
+typedef struct shoal_tensor {
+  void *data;
+  shoal_dtype_t dtype;
+  int ndim;                       /* 0 (a scalar) .. SHOAL_MAX_DIMS */
+  int64_t shape[SHOAL_MAX_DIMS];
+  shoal_memory_t memory;
+  int device;                     /* CUDA device ordinal (memory == SHOAL_MEMORY_CUDA) */
+  void *stream;                   /* cudaStream_t for CUDA tensors; NULL = the default stream */
+} shoal_tensor_t;
+
+/* A 1-D host tensor of count elements. */
+static inline shoal_tensor_t shoal_tensor_1d(void *data, size_t count, shoal_dtype_t dtype) {
+  shoal_tensor_t tensor = {data, dtype, 1, {(int64_t)count, 0, 0, 0, 0, 0, 0, 0}, SHOAL_MEMORY_HOST, 0, NULL};
+  return tensor;
+}
+
 /* Explicit communicator configuration. Always start from SHOAL_CONFIG_INIT:
  * struct_size lets later versions append fields without breaking callers.
  * A field left at its "unset" value (-1 / NULL / negative) is read from the
@@ -123,6 +149,53 @@ shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void *sendbuf, void
                                     size_t recvcount, shoal_dtype_t dtype, shoal_op_t op);
 
 shoal_status_t shoal_barrier(shoal_comm_t comm);
+
+/* ---- allreduce with options: compression, names ------------------------- */
+
+/* Per-call options; start from SHOAL_ALLREDUCE_OPTIONS_INIT. */
+typedef struct shoal_allreduce_options {
+  size_t struct_size;
+  const char *name;              /* names the tensor: keys compressor state (error feedback, warm
+                                    starts); required by stateful compressors. NULL = unnamed */
+  const char *compressor;        /* NULL = SHOAL_COMPRESSOR (default "none"); "none" = uncompressed */
+  const char *compressor_options;/* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS */
+  long long compress_min_bytes;  /* smaller tensors go uncompressed; < 0 = SHOAL_COMPRESS_MIN_BYTES */
+} shoal_allreduce_options_t;
+
+#define SHOAL_ALLREDUCE_OPTIONS_INIT {sizeof(shoal_allreduce_options_t), NULL, NULL, NULL, -1}
+
+/* Allreduce of a tensor with SHOAL_SUM or SHOAL_AVG (other ops never compress),
+ * through the selected compressor. output may equal input (in place).
+ * shoal_allreduce() is this call with a 1-D unnamed tensor and default options. */
+shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
+                                      shoal_op_t op, const shoal_allreduce_options_t *options);
+
+/* What the last compressed call on comm did (for benchmarks and logs). */
+typedef struct shoal_compress_stats {
+  size_t struct_size;
+  const char *compressor;        /* the compressor that ran ("none" if the call went uncompressed) */
+  uint64_t input_bytes;          /* this rank's uncompressed bytes */
+  uint64_t payload_bytes;        /* bytes of every payload this rank handed to collectives */
+  uint64_t wire_bytes;           /* bytes this rank sent on the wire for the call */
+  int rounds;                    /* collective rounds the compressor asked for */
+} shoal_compress_stats_t;
+
+#define SHOAL_COMPRESS_STATS_INIT {sizeof(shoal_compress_stats_t), NULL, 0, 0, 0, 0}
+
+shoal_status_t shoal_last_compress_stats(shoal_comm_t comm, shoal_compress_stats_t *stats);
+
+/* A named tensor's compressor state (e.g. the error-feedback residual), as the
+ * compressor's save_tensor_state() lays it out (see its documentation), for
+ * checkpoints and tests. buffer == NULL: *bytes gets the size needed.
+ * SHOAL_ERR_NOT_FOUND when the compressor holds no state for that name. */
+shoal_status_t shoal_compressor_state_save(shoal_comm_t comm, const char *compressor, const char *compressor_options,
+                                           const char *name, void *buffer, size_t *bytes);
+shoal_status_t shoal_compressor_state_load(shoal_comm_t comm, const char *compressor, const char *compressor_options,
+                                           const char *name, const void *buffer, size_t bytes);
+
+/* Writes one line per available compressor ("name  description  options") into
+ * out; includes plugins found on SHOAL_PLUGIN_PATH. */
+shoal_status_t shoal_compressors_print(FILE *out);
 
 /* ---- helpers ------------------------------------------------------------ */
 

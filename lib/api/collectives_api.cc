@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "api/comm.h"
+#include "api/run.h"
+#include "plugin/driver.h"
 #include "collectives/collectives.h"
 
 namespace shoal {
@@ -54,37 +56,53 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
          call);
 }
 
-// Runs one collective with its call's sequence number (taken at entry, even
-// when the arguments are then refused, so that a rank that skips a call can
-// never pair its next call with its peers' current one: they see a timeout
-// or mismatch instead of a silently wrong result). Any failure aborts the
-// communicator (peers are told) and is rethrown.
-template <typename Body>
-void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
-  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
-  try {
-    body(context);
-    comm.transport->checkNotAborted();
-  } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what());
-    throw;
-  }
-}
-
-// A call with nothing to move still exchanges empty messages along a tree, so
-// a rank whose peers passed a non-zero count fails with them instead of
-// returning success alone.
-void emptyCall(shoal_comm& comm, uint64_t sequence) {
-  runCollective(comm, sequence, [](Context& context) {
-    uint8_t unused = 0;
-    allreduceTree(context, &unused, 0, Reducer(SHOAL_U8, SHOAL_SUM));
-  });
-}
-
 }  // namespace
 }  // namespace shoal
 
 using namespace shoal;
+
+namespace shoal {
+
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
+                    shoal_dtype_t dtype, shoal_op_t op) {
+  const size_t bytes = count * dtypeSize(dtype);
+  const AllreduceAlgorithm& algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
+  Reducer reducer(dtype, op);
+  if (count == 0) return emptyCall(comm, sequence);
+  if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
+    return runCollective(comm, sequence, [&](Context& context) {
+      allreduceRingOutOfPlace(context, send, recv, count, reducer);
+    });
+  if (send != recv) std::memcpy(recv, send, bytes);
+  runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
+}
+
+void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,
+                     std::vector<uint8_t>& gathered, std::vector<size_t>& counts, std::vector<size_t>& displs) {
+  const size_t element = dtypeSize(dtype);
+  counts.assign(comm.size, 0);
+  counts[comm.rank] = count;
+  // First every rank's count (one element per rank), then the data.
+  Blocks countBlocks = blocksFrom(std::vector<size_t>(comm.size, 1).data(), nullptr, sizeof(size_t), comm.size,
+                                  comm.segmentBytes, comm.size);
+  runCollective(comm, comm.sequence++, [&](Context& context) {
+    ringAllgather(context, reinterpret_cast<uint8_t*>(counts.data()), countBlocks);
+  });
+  displs.assign(comm.size, 0);
+  size_t total = 0;
+  for (int r = 0; r < comm.size; ++r) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  gathered.resize(total * element);
+  if (count > 0) std::memcpy(gathered.data() + displs[comm.rank] * element, send, count * element);
+  const uint64_t sequence = comm.sequence++;
+  if (total == 0) return emptyCall(comm, sequence);
+  Blocks blocks = blocksFrom(counts.data(), displs.data(), element, comm.size, comm.segmentBytes, comm.size);
+  runCollective(comm, sequence, [&](Context& context) { ringAllgather(context, gathered.data(), blocks); });
+}
+
+}  // namespace shoal
 
 SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                             shoal_dtype_t dtype, shoal_op_t op) {
@@ -97,15 +115,51 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
     checkBuffer(call, "sendbuf", sendbuf, bytes);
     checkBuffer(call, "recvbuf", recvbuf, bytes);
     checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-    const AllreduceAlgorithm& algorithm = selectAllreduce(c.algorithm, bytes, c.size, c.treeMaxBytes);
-    Reducer reducer(dtype, op);
-    if (count == 0) return emptyCall(c, sequence);
-    if (algorithm.run == allreduceRing)  // the ring reads sendbuf directly: no copy
-      return runCollective(c, sequence, [&](Context& context) {
-        allreduceRingOutOfPlace(context, sendbuf, recvbuf, count, reducer);
-      });
-    if (sendbuf != recvbuf) std::memcpy(recvbuf, sendbuf, bytes);
-    runCollective(c, sequence, [&](Context& context) { algorithm.run(context, recvbuf, count, reducer); });
+    shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
+    shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
+    allreduceTensor(c, sequence, input, output, op, nullptr);
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                   const shoal_tensor_t* output, shoal_op_t op,
+                                                   const shoal_allreduce_options_t* options) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_allreduce_tensor";
+    shoal_comm& c = usableComm(comm, call);
+    const uint64_t sequence = c.sequence++;
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+    if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
+           options->struct_size);
+    shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+    checkDtypeOp(call, input->dtype, op);
+    if (output->dtype != input->dtype)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+           shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+    if (input->memory != SHOAL_MEMORY_HOST || output->memory != SHOAL_MEMORY_HOST)
+      fail(SHOAL_ERR_UNSUPPORTED, "{}: CUDA tensors need a CUDA-enabled build; this build handles host memory", call);
+    size_t count = 1;
+    for (const shoal_tensor_t* tensor : {input, output}) {
+      if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
+      size_t elements = 1;
+      for (int d = 0; d < tensor->ndim; ++d) {
+        if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
+        elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
+      }
+      count = elements;
+    }
+    if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
+           call, plugin::elementsCount(*input), plugin::elementsCount(*output));
+    size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
+    checkBuffer(call, "input->data", input->data, bytes);
+    checkBuffer(call, "output->data", output->data, bytes);
+    checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
+    allreduceTensor(c, sequence, *input, *output, op, &resolved);
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include "bootstrap/store.h"
 #include "collectives/common/context.h"
+#include "plugin/driver.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
 #include "transport/transport.h"
@@ -22,6 +23,8 @@ struct shoal_comm {
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   shoal::Scratch scratch;  // reused by every call
+  shoal::plugin::CompressorCache compressors;  // compressor instances and per-tensor state
+  shoal::plugin::CompressStats lastStats;
   std::string lastError;
   bool finalized = false;
 };

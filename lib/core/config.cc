@@ -23,6 +23,11 @@ const std::vector<Variable>& table() {
       {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain."},
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
       {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores)."},
+      // Compression.
+      {"SHOAL_COMPRESSOR", "none", "Compressor for allreduce (sum/avg of float tensors): none, fp16, bf16, topk, or a plugin's name."},
+      {"SHOAL_COMPRESSOR_OPTS", "", "Options of the compressor, k=v,k=v (see shoalrun --list-compressors)."},
+      {"SHOAL_COMPRESS_MIN_BYTES", "65536", "Tensors smaller than this many bytes go uncompressed."},
+      {"SHOAL_PLUGIN_PATH", "", "Colon-separated folders searched for libshoal-compressor-<name>.so plugins."},
       {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug."},
   };
   return variables;

@@ -55,6 +55,8 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // True once an error or abort (local or remote) made the transport unusable.
   virtual bool failed() const = 0;
+  // Bytes handed to isend so far (what this rank put on the wire).
+  virtual uint64_t bytesSent() const = 0;
   virtual const std::string& failure() const = 0;
 };
 

@@ -80,6 +80,7 @@ class UcxTransport final : public Transport {
   void abort(const std::string& reason) override;
   void checkNotAborted() override;
   bool failed() const override { return !failure_.empty(); }
+  uint64_t bytesSent() const override { return bytesSent_; }
   const std::string& failure() const override { return failure_; }
 
  private:
@@ -114,7 +115,8 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> endpoints_;
-  std::unordered_set<void*> live_;  // requests handed out and not yet completed
+  std::unordered_set<void*> live_;
+  uint64_t bytesSent_ = 0;  // requests handed out and not yet completed
   std::vector<PeerSlot> peerSlots_;
   std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
   std::vector<long> localPeerPid_;        // same-host peers' pids, 0 for remote peers and self
@@ -246,6 +248,7 @@ void UcxTransport::checkUsable() const {
 
 Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
   checkUsable();
+  bytesSent_ += bytes;
   ucp_request_param_t param{};
   void* request = ucp_tag_send_nbx(endpoints_[peer], data, bytes, wireTag(rank_, tag), &param);
   Request result;

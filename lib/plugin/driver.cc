@@ -1,0 +1,245 @@
+#include "plugin/driver.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "api/run.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "plugin/registry.h"
+
+namespace shoal::plugin {
+namespace {
+
+constexpr int kMaxRounds = 64;  // a compressor asking for more is looping
+
+void logFromPlugin(int level, const char* message) {
+  log::at(static_cast<log::Level>(std::clamp(level, 0, 3)), "compressor: {}", message ? message : "");
+}
+
+// FNV-1a: a cheap, stable fingerprint of what every rank must agree on.
+uint64_t fingerprint(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+}  // namespace
+
+size_t elementsCount(const shoal_tensor_t& tensor) {
+  size_t count = 1;
+  for (int d = 0; d < tensor.ndim; ++d) count *= static_cast<size_t>(tensor.shape[d]);
+  return count;
+}
+
+CompressorInstance::CompressorInstance(const shoal_compressor_t* table, const std::string& options)
+    : table_(table), options_(options) {
+  ParsedOptions parsed = parseOptions(options);
+  std::vector<const char*> keys, values;
+  for (size_t i = 0; i < parsed.keys.size(); ++i) {
+    keys.push_back(parsed.keys[i].c_str());
+    values.push_back(parsed.values[i].c_str());
+  }
+  char errorText[512] = {};
+  shoal_compressor_params_t params{};
+  params.struct_size = sizeof params;
+  params.num_options = static_cast<int>(keys.size());
+  params.keys = keys.data();
+  params.values = values.data();
+  params.log = logFromPlugin;
+  params.error_text = errorText;
+  params.error_text_size = sizeof errorText;
+  shoal_status_t status = table_->create(&params, &instance_);
+  if (status != SHOAL_OK)
+    fail(status, "compressor {} refused options '{}': {}{}", table_->name, options,
+         errorText[0] ? errorText : shoal_status_string(status),
+         table_->options_help && table_->options_help[0] ? fmt::format(" (options: {})", table_->options_help) : "");
+}
+
+CompressorInstance::~CompressorInstance() {
+  for (auto& [name, state] : states_)
+    if (state != nullptr && table_->destroy_tensor_state != nullptr) table_->destroy_tensor_state(instance_, state);
+  table_->destroy(instance_);
+}
+
+void* CompressorInstance::findState(const std::string& name) const {
+  auto found = states_.find(name);
+  return found == states_.end() ? nullptr : found->second;
+}
+
+CompressorInstance* CompressorCache::find(const std::string& name, const std::string& options) {
+  auto found = instances_.find(name + "|" + options);
+  return found == instances_.end() ? nullptr : found->second.get();
+}
+
+CompressorInstance& CompressorCache::get(const std::string& name, const std::string& options) {
+  if (CompressorInstance* existing = find(name, options)) return *existing;
+  const Entry& entry = Registry::current().find(name);
+  auto instance = std::make_unique<CompressorInstance>(entry.table, options);
+  CompressorInstance& result = *instance;
+  instances_[name + "|" + options] = std::move(instance);
+  return result;
+}
+
+}  // namespace shoal::plugin
+
+namespace shoal {
+namespace {
+
+using plugin::CompressorInstance;
+
+// Every rank must run the same compressor, options and shapes: one small
+// max-allreduce of {hash, ~hash} finds a disagreement on every rank.
+void checkAgreement(shoal_comm& comm, uint64_t sequence, const std::string& description) {
+  uint64_t hash = plugin::fingerprint(description);
+  uint64_t both[2] = {hash, ~hash};
+  runCollective(comm, sequence, [&](Context& context) {
+    allreduceRecursiveDoubling(context, both, 2, Reducer(SHOAL_U64, SHOAL_MAX));
+  });
+  if (both[0] != hash || ~both[1] != hash)
+    fail(SHOAL_ERR_MISMATCH,
+         "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
+         "options, dtype and shape for the same call",
+         description);
+}
+
+void validatePayload(const shoal_compressor_t& table, int round, const shoal_payload_t& payload) {
+  auto refuse = [&](const std::string& why) {
+    fail(SHOAL_ERR_INTERNAL, "compressor {} asked in round {} for an invalid payload: {} (a bug in the compressor)",
+         table.name, round, why);
+  };
+  if (payload.collective != SHOAL_COLLECTIVE_ALLREDUCE && payload.collective != SHOAL_COLLECTIVE_ALLGATHERV)
+    refuse("unknown collective");
+  if (dtypeSize(payload.dtype) == 0) refuse("unknown dtype");
+  if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE && !isValidDtypeOp(payload.dtype, payload.op))
+    refuse(fmt::format("op {} on dtype {}", shoal_op_name(payload.op), shoal_dtype_name(payload.dtype)));
+  if (payload.buffer == nullptr && payload.count > 0) refuse("NULL buffer");
+}
+
+struct GatherSpace {
+  std::vector<uint8_t> data;
+  std::vector<size_t> counts, displs;
+};
+
+void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
+                   std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
+                   plugin::CompressStats& stats) {
+  const shoal_compressor_t& table = instance.table();
+  char errorText[512] = {};
+  shoal_compress_op_t operation{};
+  operation.struct_size = sizeof operation;
+  operation.rank = comm.rank;
+  operation.world_size = comm.size;
+  operation.op = op;
+  operation.num_tensors = static_cast<int>(tensors.size());
+  operation.tensors = tensors.data();
+  operation.step = comm.compressors.nextStep();
+  operation.error_text = errorText;
+  operation.error_text_size = sizeof errorText;
+  auto failed = [&](shoal_status_t status, const char* stage) {
+    fail(status, "compressor {} failed in {}: {}", table.name, stage, errorText[0] ? errorText : shoal_status_string(status));
+  };
+
+  uint64_t sentBefore = comm.transport->bytesSent();
+  checkAgreement(comm, sequence, agreement);
+  void* opState = nullptr;
+  shoal_status_t status = table.start(instance.handle(), &operation, &opState);
+  if (status != SHOAL_OK) failed(status, "start");
+  GatherSpace gathers[SHOAL_MAX_ROUND_PAYLOADS];
+  try {
+    shoal_round_t round{};
+    round.struct_size = sizeof round;
+    for (;;) {
+      status = table.round(instance.handle(), opState, &operation, &round);
+      if (status != SHOAL_OK) failed(status, fmt::format("round {}", round.index).c_str());
+      if (round.done) break;
+      if (round.num_payloads < 1 || round.num_payloads > SHOAL_MAX_ROUND_PAYLOADS)
+        fail(SHOAL_ERR_INTERNAL, "compressor {} asked for {} payloads in round {} (1..{} allowed) without done",
+             table.name, round.num_payloads, round.index, SHOAL_MAX_ROUND_PAYLOADS);
+      if (round.index + 1 >= plugin::kMaxRounds)
+        fail(SHOAL_ERR_INTERNAL, "compressor {} asked for more than {} rounds", table.name, plugin::kMaxRounds);
+      for (int p = 0; p < round.num_payloads; ++p) {
+        shoal_payload_t& payload = round.payloads[p];
+        validatePayload(table, round.index, payload);
+        stats.payloadBytes += payload.count * dtypeSize(payload.dtype);
+        if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
+          plainAllreduce(comm, comm.sequence++, payload.buffer, payload.buffer, payload.count, payload.dtype,
+                         payload.op);
+        } else {
+          GatherSpace& space = gathers[p];
+          allgathervBytes(comm, payload.buffer, payload.count, payload.dtype, space.data, space.counts, space.displs);
+          payload.gathered = space.data.data();
+          payload.gathered_counts = space.counts.data();
+          payload.gathered_displs = space.displs.data();
+        }
+      }
+      ++stats.rounds;
+      ++round.index;
+    }
+  } catch (...) {
+    table.finish(instance.handle(), opState);
+    throw;
+  }
+  table.finish(instance.handle(), opState);
+  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+}
+
+}  // namespace
+
+void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
+                     shoal_op_t op, const shoal_allreduce_options_t* options) {
+  const size_t count = plugin::elementsCount(input);
+  const size_t bytes = count * dtypeSize(input.dtype);
+  plugin::CompressStats stats;
+  stats.inputBytes = bytes;
+
+  std::string name = options && options->compressor ? options->compressor : config::getString("SHOAL_COMPRESSOR");
+  std::string copts = options && options->compressor_options ? options->compressor_options
+                                                             : config::getString("SHOAL_COMPRESSOR_OPTS");
+  long long minBytes = options && options->compress_min_bytes >= 0 ? options->compress_min_bytes
+                                                                   : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  bool compress = !name.empty() && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
+                  static_cast<long long>(bytes) >= minBytes;
+  CompressorInstance* instance = nullptr;
+  if (compress) {
+    instance = &comm.compressors.get(name, copts);  // unknown names and bad options fail here, on every rank
+    compress = (instance->table().dtypes >> input.dtype) & 1u;
+  }
+  if (!compress) {
+    plainAllreduce(comm, sequence, input.data, output.data, count, input.dtype, op);
+    stats.wireBytes = 0;  // not tracked for the plain path
+    comm.lastStats = stats;
+    return;
+  }
+
+  const char* tensorName = options ? options->name : nullptr;
+  const bool stateful = (instance->table().caps & SHOAL_CAP_STATEFUL) != 0;
+  if (stateful && (tensorName == nullptr || tensorName[0] == '\0'))
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "compressor {} keeps per-tensor state (e.g. error feedback), so the tensor needs a name: pass "
+         "shoal_allreduce_options_t.name (or choose options that make it stateless, if it has them)",
+         name);
+  void* scratchState = nullptr;  // unnamed tensors get a state slot that lives for this call only
+  std::vector<shoal_compress_tensor_t> tensors(1);
+  tensors[0].input = input;
+  tensors[0].output = output;
+  tensors[0].name = tensorName;
+  tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
+
+  std::string agreement = fmt::format("{}|{}|{}|{}|{}|", name, copts, static_cast<int>(op),
+                                      static_cast<int>(input.dtype), tensorName ? tensorName : "");
+  for (int d = 0; d < input.ndim; ++d) agreement += fmt::format("{},", input.shape[d]);
+  stats.compressor = name;
+  try {
+    runCompressed(comm, sequence, *instance, tensors, op, agreement, stats);
+  } catch (...) {
+    if (scratchState && instance->table().destroy_tensor_state)
+      instance->table().destroy_tensor_state(instance->handle(), scratchState);
+    throw;
+  }
+  if (scratchState && instance->table().destroy_tensor_state)
+    instance->table().destroy_tensor_state(instance->handle(), scratchState);
+  comm.lastStats = stats;
+}
+
+}  // namespace shoal

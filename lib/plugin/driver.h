@@ -1,0 +1,70 @@
+// The compressed-collective driver: runs a compressor's rounds through the
+// collectives layer, keeps compressor instances and per-tensor state, and
+// decides per call whether to compress at all.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "shoal/compressor.h"
+
+struct shoal_comm;
+
+namespace shoal::plugin {
+
+// One compressor with one option set, and the state of every tensor it has seen.
+class CompressorInstance {
+ public:
+  CompressorInstance(const shoal_compressor_t* table, const std::string& options);
+  ~CompressorInstance();
+  CompressorInstance(const CompressorInstance&) = delete;
+  CompressorInstance& operator=(const CompressorInstance&) = delete;
+
+  const shoal_compressor_t& table() const { return *table_; }
+  void* handle() const { return instance_; }
+  const std::string& options() const { return options_; }
+  // The state slot of a named tensor (created empty on first use).
+  void** stateOf(const std::string& name) { return &states_[name]; }
+  void* findState(const std::string& name) const;
+
+ private:
+  const shoal_compressor_t* table_;
+  void* instance_ = nullptr;
+  std::string options_;
+  std::map<std::string, void*> states_;
+};
+
+// Compressor instances of one communicator, keyed by "name|options".
+class CompressorCache {
+ public:
+  CompressorInstance& get(const std::string& name, const std::string& options);
+  CompressorInstance* find(const std::string& name, const std::string& options);
+  uint64_t nextStep() { return steps_++; }
+
+ private:
+  std::map<std::string, std::unique_ptr<CompressorInstance>> instances_;
+  uint64_t steps_ = 0;
+};
+
+// Elements of a tensor: the product of its shape (1 for a scalar).
+size_t elementsCount(const shoal_tensor_t& tensor);
+
+struct CompressStats {
+  std::string compressor = "none";
+  uint64_t inputBytes = 0;
+  uint64_t payloadBytes = 0;
+  uint64_t wireBytes = 0;
+  int rounds = 0;
+};
+
+}  // namespace shoal::plugin
+
+namespace shoal {
+// Allreduce of one tensor: compressed when a compressor is selected and the
+// tensor qualifies (op sum/avg, a dtype the compressor takes, at least the
+// minimum size), else the plain allreduce. `sequence` is the call's number.
+void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
+                     shoal_op_t op, const shoal_allreduce_options_t* options);
+}  // namespace shoal
