@@ -95,6 +95,8 @@ class MultiProcess : public ::testing::Test {
     ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
     dir_ = pattern;
   }
+  std::string launcher_ = "shoalrun";  // which launcher's rank variables the workers get
+
   void TearDown() override {
     std::error_code ignored;
     fs::remove_all(dir_, ignored);
@@ -119,8 +121,16 @@ class MultiProcess : public ::testing::Test {
         dup2(nullFd, STDIN_FILENO);
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
-        setenv("SHOAL_RANK", std::to_string(rank).c_str(), 1);
-        setenv("SHOAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+        // Rank and size as shoalrun, mpirun or srun would set them.
+        const char* rankVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_RANK"
+                              : launcher_ == "srun" ? "SLURM_PROCID" : "SHOAL_RANK";
+        const char* sizeVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_SIZE"
+                              : launcher_ == "srun" ? "SLURM_NTASKS" : "SHOAL_WORLD_SIZE";
+        for (const char* name : {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "SLURM_PROCID", "SLURM_NTASKS"})
+          unsetenv(name);
+        setenv(rankVar, std::to_string(rank).c_str(), 1);
+        setenv(sizeVar, std::to_string(n).c_str(), 1);
         setenv("SHOAL_STORE", store.c_str(), 1);
         setenv("SHOAL_TOKEN", token.c_str(), 1);
         char timeout[32];
@@ -244,6 +254,22 @@ TEST_F(MultiProcess, FourRanksExactResults) {
     EXPECT_NE(ranks[rank].output.find("worker " + std::to_string(rank) + ": success"), std::string::npos)
         << describe(ranks);
   }
+}
+
+// Rank and world size discovered from mpirun's and Slurm's variables, with
+// SHOAL_STORE passed through as `mpirun -x SHOAL_STORE` or srun's environment would.
+TEST_F(MultiProcess, RankAndSizeFromMpirunVariables) {
+  launcher_ = "mpirun";
+  std::vector<Rank> ranks = runJob(3, {"success"}, 60, 120);
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_EQ(ranks[rank].exitCode, kExitOk) << "rank " << rank << "\n" << describe(ranks);
+}
+
+TEST_F(MultiProcess, RankAndSizeFromSlurmVariables) {
+  launcher_ = "srun";
+  std::vector<Rank> ranks = runJob(3, {"success"}, 60, 120);
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_EQ(ranks[rank].exitCode, kExitOk) << "rank " << rank << "\n" << describe(ranks);
 }
 
 }  // namespace
