@@ -1,6 +1,9 @@
 #include "collectives/common/reducer.h"
 
+#include <algorithm>
+
 #include "collectives/common/element_ops.h"
+#include "collectives/common/half_convert.h"
 #include "core/error.h"
 
 namespace shoal {
@@ -25,6 +28,41 @@ void combineIntoLoop(void* out, const void* a, const void* b, size_t count) {
   for (size_t i = 0; i < count; ++i) ops::combineElementInto(o, x, y, i, Op{});
 }
 
+// 16-bit floats: convert a chunk to f32 (vectorised), combine in f32, round
+// back once. The same arithmetic as combineElement, many times faster.
+constexpr size_t kChunk = 512;
+
+template <typename T>
+void widenChunk(const uint16_t* in, float* out, size_t count) {
+  if constexpr (std::is_same_v<T, Half>) ops::halfToFloat(in, out, count);
+  else ops::bfloat16ToFloat(in, out, count);
+}
+template <typename T>
+void narrowChunk(const float* in, uint16_t* out, size_t count) {
+  if constexpr (std::is_same_v<T, Half>) ops::floatToHalf(in, out, count);
+  else ops::floatToBfloat16(in, out, count);
+}
+
+template <typename T, typename Op>
+void combineIntoLoop16(void* out, const void* a, const void* b, size_t count) {
+  float x[kChunk], y[kChunk];
+  auto* o = static_cast<uint16_t*>(out);
+  auto* pa = static_cast<const uint16_t*>(a);
+  auto* pb = static_cast<const uint16_t*>(b);
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    size_t n = std::min(kChunk, count - begin);
+    widenChunk<T>(pa + begin, x, n);
+    widenChunk<T>(pb + begin, y, n);
+    for (size_t i = 0; i < n; ++i) x[i] = Op{}(x[i], y[i]);
+    narrowChunk<T>(x, o + begin, n);
+  }
+}
+
+template <typename T, typename Op>
+void combineLoop16(void* dst, const void* src, size_t count) {
+  combineIntoLoop16<T, Op>(dst, dst, src, count);
+}
+
 template <typename T>
 void divideLoop(void* buf, size_t count, int divisor) {
   T* b = static_cast<T*>(buf);
@@ -39,7 +77,10 @@ struct Entry {
 
 template <typename T, typename Op>
 Entry loopsFor(void (*divide)(void*, size_t, int)) {
-  return {combineLoop<T, Op>, divide, combineIntoLoop<T, Op>};
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return {combineLoop16<T, Op>, divide, combineIntoLoop16<T, Op>};
+  else
+    return {combineLoop<T, Op>, divide, combineIntoLoop<T, Op>};
 }
 
 template <typename T>

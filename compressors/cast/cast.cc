@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/common/element_ops.h"
+#include "collectives/common/half_convert.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
 
@@ -30,20 +31,29 @@ struct OpState {
   std::vector<uint16_t> payload;
 };
 
-template <typename Wide>
-void encode(Format format, const Wide* in, uint16_t* out, size_t count) {
+void encode(Format format, const float* in, uint16_t* out, size_t count) {
+  if (format == Format::Fp16) ops::floatToHalf(in, out, count);
+  else ops::floatToBfloat16(in, out, count);
+}
+
+void decode(Format format, const uint16_t* in, float* out, size_t count) {
+  if (format == Format::Fp16) ops::halfToFloat(in, out, count);
+  else ops::bfloat16ToFloat(in, out, count);
+}
+
+// f64 goes through f32 (one more rounding, inside the declared bound).
+void encode(Format format, const double* in, uint16_t* out, size_t count) {
   if (format == Format::Fp16)
     for (size_t i = 0; i < count; ++i) out[i] = ops::toHalf(static_cast<float>(in[i])).bits;
   else
     for (size_t i = 0; i < count; ++i) out[i] = ops::toBFloat16(static_cast<float>(in[i])).bits;
 }
 
-template <typename Wide>
-void decode(Format format, const uint16_t* in, Wide* out, size_t count) {
+void decode(Format format, const uint16_t* in, double* out, size_t count) {
   if (format == Format::Fp16)
-    for (size_t i = 0; i < count; ++i) out[i] = static_cast<Wide>(ops::toFloat(ops::Half{in[i]}));
+    for (size_t i = 0; i < count; ++i) out[i] = ops::toFloat(ops::Half{in[i]});
   else
-    for (size_t i = 0; i < count; ++i) out[i] = static_cast<Wide>(ops::toFloat(ops::BFloat16{in[i]}));
+    for (size_t i = 0; i < count; ++i) out[i] = ops::toFloat(ops::BFloat16{in[i]});
 }
 
 template <Format kFormat>

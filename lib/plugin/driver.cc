@@ -198,13 +198,13 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                                                              : config::getString("SHOAL_COMPRESSOR_OPTS");
   long long minBytes = options && options->compress_min_bytes >= 0 ? options->compress_min_bytes
                                                                    : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
-  bool compress = !name.empty() && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
-                  static_cast<long long>(bytes) >= minBytes;
+  // Resolve the compressor first, whatever the tensor: an unknown name or bad
+  // options fail every call on every rank, not only the ones that compress.
+  // ("none" without options needs no instance: it is the plain path.)
   CompressorInstance* instance = nullptr;
-  if (compress) {
-    instance = &comm.compressors.get(name, copts);  // unknown names and bad options fail here, on every rank
-    compress = (instance->table().dtypes >> input.dtype) & 1u;
-  }
+  if (!name.empty() && (name != "none" || !copts.empty())) instance = &comm.compressors.get(name, copts);
+  bool compress = instance != nullptr && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
+                  static_cast<long long>(bytes) >= minBytes && ((instance->table().dtypes >> input.dtype) & 1u);
   if (!compress) {
     plainAllreduce(comm, sequence, input.data, output.data, count, input.dtype, op);
     stats.wireBytes = 0;  // not tracked for the plain path
