@@ -5,11 +5,23 @@
 // getCollByteCount, input, expected, runColl, busbwFactor}; one driver sweeps the sizes, times
 // out-of-place then in-place runs, verifies one extra run of each, prints on rank 0, writes JSON.
 // The cells after `size count type redop root` come from the kColumns table (text and JSON);
-// compressor columns (ratio, bytes sent, effective algbw) are new Result fields + kColumns rows.
-// Checked inputs are small integers or bit patterns, chosen per dtype and op so that the exact
-// result is known whatever the reduction order; only float avg allows 2 ULP (as nccl-tests).
+// compressor columns (ratio, bytes sent, effective algbw) are Result fields + kColumns rows shown
+// only while a compressor is active.
+// Checked inputs (bench_data.h) are small integers or bit patterns, chosen per dtype and op so
+// that the exact result is known whatever the reduction order; only float avg allows 2 ULP (as
+// nccl-tests). --density/--overlap make allreduce inputs sparse (construction at nonzeroAt).
+//
+// Allreduce with a compressor (--compressor NAME, else SHOAL_COMPRESSOR; "none" = the plain table):
+// every call is shoal_allreduce_tensor with the compressor, its options and a tensor name (one per
+// size: stateful compressors such as topk refuse a name whose count changes). Float sum/avg inputs
+// are then signed multiples of 2^-12 in (-1, 1) (sums still exact in the dtype) and #wrong counts
+// elements outside the compressor's declared bound (see Check). algbw and busbw count the payload
+// bytes the compressor handed to collectives, effbw the uncompressed bytes. Timed in-place calls
+// restore the input before each call (the copies' time is subtracted), as a compressor's cost
+// depends on the data; without a compressor they start from zeros, as before.
 
 #include <getopt.h>
+#include <shoal/compressor.h>
 #include <shoal/shoal.h>
 #include <unistd.h>
 
@@ -27,7 +39,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.h"
+
 namespace {
+
+using namespace bench;  // NOLINT(google-build-using-namespace): its types and values, in bench_data.h
 
 int g_rank = -1;  // this process's rank once the communicator exists
 
@@ -38,144 +54,6 @@ __attribute__((format(printf, 1, 2))) std::string format(const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   return buf;
-}
-
-// ---- data types: host-side encoding of the values we send and expect -----------------
-
-struct TypeInfo {
-  bool isFloat, isSigned;
-  int64_t exactLimit;  // every integer in [0, exactLimit] is exact (enough for what we use)
-  int64_t plainMod;    // prime modulus of the values moved without reduction
-  uint64_t infBits;    // floats: the bits of +inf; larger magnitudes are NaN
-};
-const TypeInfo kTypes[SHOAL_DTYPE_COUNT] = {
-    {true, true, 2048, 2039, 0x7c00u},                     // f16
-    {true, true, 256, 251, 0x7f80u},                       // bf16
-    {true, true, 1 << 24, 1000003, 0x7f800000u},           // f32
-    {true, true, 1 << 24, 1000003, 0x7ff0000000000000u},   // f64
-    {false, true, 127, 127, 0},                            // i8
-    {false, false, 255, 127, 0},                           // u8
-    {false, true, 1 << 24, 1000003, 0},                    // i32
-    {false, false, 1 << 24, 1000003, 0},                   // u32
-    {false, true, 1 << 24, 1000003, 0},                    // i64
-    {false, false, 1 << 24, 1000003, 0},                   // u64
-};
-
-uint16_t toHalf(float f) {  // IEEE binary16, round to nearest even
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) return uint16_t(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (x < 0x38800000u) {                                    // below 2^-14: subnormal half
-    float a;
-    std::memcpy(&a, &x, 4);
-    return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));
-  }
-  uint32_t h = (((x >> 23) - 112) << 10) | ((x & 0x7fffffu) >> 13);  // rebias 127 -> 15
-  const uint32_t rest = x & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;
-  return uint16_t(sign | h);
-}
-
-uint16_t toBf16(float f) {  // round to nearest even
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
-  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-template <typename T> void put(char *buf, size_t k, T v) { std::memcpy(buf + k * sizeof(T), &v, sizeof(T)); }
-
-// Element k of buf = i for integer dtypes (truncated to the width), d for float dtypes.
-void store(shoal_dtype_t t, char *buf, size_t k, int64_t i, double d) {
-  switch (t) {
-    case SHOAL_F16: put(buf, k, toHalf(float(d))); break;
-    case SHOAL_BF16: put(buf, k, toBf16(float(d))); break;
-    case SHOAL_F32: put(buf, k, float(d)); break;
-    case SHOAL_F64: put(buf, k, d); break;
-    case SHOAL_I8: put(buf, k, int8_t(i)); break;
-    case SHOAL_U8: put(buf, k, uint8_t(i)); break;
-    case SHOAL_I32: put(buf, k, int32_t(i)); break;
-    case SHOAL_U32: put(buf, k, uint32_t(i)); break;
-    case SHOAL_I64: put(buf, k, int64_t(i)); break;
-    default: put(buf, k, uint64_t(i)); break;
-  }
-}
-
-// Integers compare bit for bit; floats by distance in ULPs (so -0 == +0), NaN never matches.
-bool sameValue(shoal_dtype_t t, const char *got, const char *want, int64_t ulps) {
-  const size_t ts = shoal_dtype_size(t);
-  if (!kTypes[t].isFloat) return std::memcmp(got, want, ts) == 0;
-  uint64_t a = 0, b = 0;
-  std::memcpy(&a, got, ts);
-  std::memcpy(&b, want, ts);
-  const uint64_t signBit = uint64_t{1} << (8 * ts - 1), inf = kTypes[t].infBits;
-  auto ordered = [&](uint64_t u) { return (u & signBit ? -1 : 1) * int64_t(u & (signBit - 1)); };
-  if ((a & (signBit - 1)) > inf || (b & (signBit - 1)) > inf) return false;
-  return std::llabs(ordered(a) - ordered(b)) <= ulps;
-}
-
-// ---- verifiable inputs ------------------------------------------------------------------
-
-struct Counts {  // elements, as nccl-tests' getCollByteCount
-  size_t sendCount, recvCount, paramCount, sendInplaceOffset, recvInplaceOffset;
-};
-
-struct Ctx {  // everything the value functions need for one size
-  shoal_dtype_t dtype;
-  shoal_op_t op;
-  int nranks, rank, root;
-  Counts c;
-  size_t ts, bits;  // type size in bytes and bits
-  bool isSigned;
-  int64_t sumMax;  // sum/avg inputs lie in [0, sumMax]; 0 = one rank holds a 1
-  int64_t plainMod;
-};
-
-// Rank r's contribution at global index k of a reduction.
-int64_t redValue(const Ctx &x, int r, size_t k) {
-  const size_t rk = size_t(r) + k, n = size_t(x.nranks), bits = x.bits;
-  switch (x.op) {
-    case SHOAL_SUM:
-    case SHOAL_AVG: return x.sumMax > 0 ? int64_t(rk % size_t(x.sumMax + 1)) : int64_t(rk % n == 0);
-    case SHOAL_PROD:  // one 2 per element, and -1s where signed: |product| == 2
-      if (rk % n == 0) return 2;
-      return x.isSigned && (3 * size_t(r) + k) % 5 == 0 ? -1 : 1;
-    case SHOAL_MIN:
-    case SHOAL_MAX: {  // distinct per rank (up to 127 ranks), negative too where signed
-      const size_t span = std::min<size_t>(n, 127);
-      return int64_t(rk % n % span) - (x.isSigned ? int64_t(span / 2) : 0);
-    }
-    case SHOAL_BAND: return int64_t(~(uint64_t{1} << ((5 * size_t(r) + k) % bits)));
-    case SHOAL_BOR: return int64_t(uint64_t{1} << ((5 * size_t(r) + k) % (bits - 1)));  // never all ones
-    default: return int64_t((uint64_t(r) + 1) * 0x9e3779b97f4a7c15ull ^ (k + 1) * 0xbf58476d1ce4e5b9ull);  // BXOR
-  }
-}
-
-// The reduction over all ranks at global index k (before avg's division).
-int64_t reduceOverRanks(const Ctx &x, size_t k) {
-  int64_t acc = redValue(x, 0, k);
-  for (int r = 1; r < x.nranks; ++r) {
-    const int64_t v = redValue(x, r, k);
-    switch (x.op) {
-      case SHOAL_SUM:
-      case SHOAL_AVG: acc += v; break;
-      case SHOAL_PROD: acc *= v; break;
-      case SHOAL_MIN: acc = std::min(acc, v); break;
-      case SHOAL_MAX: acc = std::max(acc, v); break;
-      case SHOAL_BAND: acc &= v; break;
-      case SHOAL_BOR: acc |= v; break;
-      default: acc ^= v; break;
-    }
-  }
-  return acc;
-}
-
-// Values of allgather/broadcast: differ between ranks at every index, never the sentinel.
-int64_t plainValue(const Ctx &x, int r, size_t k) {
-  return int64_t((size_t(r) * 31 + k * 7 + 1) % size_t(x.plainMod));
 }
 
 // ---- the collectives ----------------------------------------------------------------------
@@ -196,7 +74,11 @@ const CollTest kCollTests[] = {
      [](size_t count, int) { return Counts{count, count, count, 0, 0}; },
      [](const Ctx &x, size_t k) { return redValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return reduceOverRanks(x, k); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_allreduce(comm, s, r, x.c.paramCount, x.dtype, x.op); },
+     [](auto comm, auto s, auto r, auto &x) {  // the tensor call, so options select the compressor
+       const shoal_tensor_t in = shoal_tensor_1d(const_cast<void *>(s), x.c.paramCount, x.dtype),
+                            out = shoal_tensor_1d(r, x.c.paramCount, x.dtype);
+       return shoal_allreduce_tensor(comm, &in, &out, x.op, x.arOpts);
+     },
      [](int n) { return 2.0 * (n - 1) / n; }},
     {"allgather", "every rank receives all ranks' blocks, rank r's at r * count", false, false,
      [](size_t count, int n) { return Counts{count / n, count / n * n, count / n, count / n, 0}; },
@@ -232,19 +114,30 @@ void initData(const CollTest &coll, const Ctx &x, char *send, char *recv, bool i
   const bool neutral = forTiming && inPlace && coll.hasOp && (x.op == SHOAL_SUM || x.op == SHOAL_PROD);
   for (size_t k = 0; k < x.c.sendCount; ++k) {
     const int64_t v = neutral ? int64_t(x.op == SHOAL_PROD) : coll.input(x, k);
-    store(x.dtype, send, k, v, double(v));
+    store(x.dtype, send, k, v, double(v) * x.scale);
   }
 }
 
-int64_t checkData(const CollTest &coll, const Ctx &x, const char *recv) {
+int64_t checkData(const CollTest &coll, const Ctx &x, const char *recv, Check how) {
   const bool avg = coll.hasOp && x.op == SHOAL_AVG;
   const int64_t ulps = avg && kTypes[x.dtype].isFloat ? 2 : 0;
   int64_t wrong = 0;
   char want[8];
   for (size_t k = 0; k < x.c.recvCount; ++k) {
+    if (how.kind != SHOAL_ERROR_EXACT && how.kind != SHOAL_ERROR_RELATIVE) {  // FEEDBACK
+      wrong += !std::isfinite(load(x.dtype, recv, k));
+      continue;
+    }
     const int64_t v = coll.expected(x, k);
-    if (avg) store(x.dtype, want, 0, v / x.nranks, double(v) / x.nranks);  // ints truncate
-    else store(x.dtype, want, 0, v, double(v));
+    if (how.kind == SHOAL_ERROR_RELATIVE) {  // allreduce only: x_r is redValue(r, k)
+      double sumAbs = 0;
+      for (int r = 0; r < x.nranks; ++r) sumAbs += std::fabs(double(redValue(x, r, k)));
+      const double exact = double(v) * x.scale / (avg ? x.nranks : 1);
+      wrong += !(std::fabs(load(x.dtype, recv, k) - exact) <= how.bound * x.nranks * sumAbs * x.scale);
+      continue;
+    }
+    if (avg) store(x.dtype, want, 0, v / x.nranks, double(v) * x.scale / x.nranks);  // ints truncate
+    else store(x.dtype, want, 0, v, double(v) * x.scale);
     wrong += !sameValue(x.dtype, recv + k * x.ts, want, ulps);
   }
   return wrong;
@@ -255,23 +148,52 @@ int64_t checkData(const CollTest &coll, const Ctx &x, const char *recv) {
 struct Result {  // one run (out-of-place or in-place) of one size, already combined over ranks
   double timeUs = 0, algBw = 0, busBw = 0;
   int64_t wrong = -1;  // -1 = not checked
+  // With a compressor: input / payload bytes, payload and wire bytes per rank of one call (wire
+  // -1: unknown, the call went uncompressed), and the uncompressed bytes over the time.
+  double ratio = 0, payloadBytes = 0, wireBytes = -1, effBw = 0;
 };
 
+std::string human(double bytes) {  // 1536 -> "1.50K", in powers of 1024 as -b and -e take them
+  static const char *const kUnits[] = {"", "K", "M", "G", "T"};
+  int unit = 0;
+  for (; bytes >= 1024 && unit < 4; ++unit) bytes /= 1024;
+  const char *fmt = unit == 0 || bytes >= 100 ? "%.0f%s" : bytes >= 10 ? "%.1f%s" : "%.2f%s";
+  return format(fmt, bytes, kUnits[unit]);
+}
+
+enum Show { kAlways, kCompressor, kCompressorJson };  // the last: in JSON only
 struct Column {
   const char *title, *unit, *jsonKey;
   int width;
   std::string (*value)(const Result &, bool json);  // the cell's text, or its JSON value
+  Show show;
 };
+bool g_compressorColumns = false;  // a compressor is active: its columns are shown
+bool shown(const Column &c, bool json) {
+  return c.show == kAlways || (g_compressorColumns && (json || c.show == kCompressor));
+}
 
 const Column kColumns[] = {
     {"time", "(us)", "time_us", 7, [](const Result &r, bool json) {
        return format(json ? "%.3f" : r.timeUs >= 10000 ? "%.0f" : r.timeUs >= 100 ? "%.1f" : "%.2f", r.timeUs);
-     }},
-    {"algbw", "(GB/s)", "algbw", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.algBw); }},
-    {"busbw", "(GB/s)", "busbw", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.busBw); }},
+     }, kAlways},
+    {"algbw", "(GB/s)", "algbw", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.algBw); },
+     kAlways},
+    {"busbw", "(GB/s)", "busbw", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.busBw); },
+     kAlways},
     {"#wrong", "", "wrong", 6, [](const Result &r, bool json) {
        return r.wrong >= 0 ? format("%" PRId64, r.wrong) : std::string(json ? "null" : "N/A");
-     }},
+     }, kAlways},
+    {"ratio", "", "ratio", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.ratio); },
+     kCompressor},
+    {"", "", "payload_bytes", 0, [](const Result &r, bool) { return format("%.0f", r.payloadBytes); },
+     kCompressorJson},
+    {"sent", "(B)", "wire_bytes", 6, [](const Result &r, bool json) {
+       if (r.wireBytes < 0) return std::string(json ? "null" : "N/A");
+       return json ? format("%.0f", r.wireBytes) : human(r.wireBytes);
+     }, kCompressor},
+    {"effbw", "(GB/s)", "effbw", 6, [](const Result &r, bool json) { return format(json ? "%.6g" : "%.2f", r.effBw); },
+     kCompressor},
 };
 
 struct Row { size_t size, count; Result res[2]; };  // res: out-of-place, in-place
@@ -288,6 +210,12 @@ struct Options {
   shoal_op_t op = SHOAL_SUM;        // -o
   const char *algorithm = nullptr;  // NULL: SHOAL_ALGO or the library's default
   const char *jsonPath = nullptr;
+  // Allreduce only:
+  const char *compressor = nullptr;  // --compressor; NULL: SHOAL_COMPRESSOR, else none
+  const shoal_compressor_t *table = nullptr;  // the compressor's, when one is active
+  const char *copts = nullptr;                // NULL: SHOAL_COMPRESSOR_OPTS
+  long long compressMinBytes = 0;             // --min-bytes
+  double density = 1, overlap = 0;
 };
 
 // Only the process the launcher calls rank 0 (or a lone process) reports argument errors, so
@@ -329,11 +257,19 @@ void usage() {
          "  -a ALGO       auto, ring or tree [SHOAL_ALGO, else auto]\n"
          "  -r ROOT       root rank of broadcast [0]\n"
          "  -J, --json FILE      rank 0 writes the results as JSON\n"
-         "  --list-compressors   list the compressors and exit\n"
          "  -h, --help           this help\n"
+         "\nallreduce only:\n"
+         "  --compressor NAME    compress inside the allreduce [SHOAL_COMPRESSOR, else none]\n"
+         "  --copts K=V,...      the compressor's options [SHOAL_COMPRESSOR_OPTS]\n"
+         "  --min-bytes BYTES    smaller calls go uncompressed [0]\n"
+         "  --density D          fraction of nonzero inputs, in (0, 1], positions differ per rank [1]\n"
+         "  --overlap O          fraction of each rank's nonzeros that all ranks share, in [0, 1] [0]\n"
+         "  --list-compressors   list the compressors and exit\n"
          "\nsize is the total bytes (for allgather and reduce_scatter: count x type size x nranks),\n"
          "count the elements per call; busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather,\n"
-         "reduce_scatter), 1 (broadcast), GB = 1e9. Time is the slowest rank's mean per iteration.\n");
+         "reduce_scatter), 1 (broadcast), GB = 1e9. Time is the slowest rank's mean per iteration.\n"
+         "With a compressor, algbw and busbw count its payload bytes, effbw the uncompressed bytes;\n"
+         "ratio = uncompressed / payload bytes, sent = bytes on the wire per rank and call.\n");
 }
 
 size_t parseSize(const char *flag, const char *s) {
@@ -359,6 +295,14 @@ int parseInt(const char *flag, const char *s, int lo) {
   return int(v);
 }
 
+double parseFraction(const char *flag, const char *s, bool zeroOk) {
+  char *end = nullptr;
+  const double v = strtod(s, &end);
+  if (end == s || *end || !(v <= 1) || v < 0 || (v == 0 && !zeroOk))
+    usageError("%s: '%s' is not a number in %s0, 1]", flag, s, zeroOk ? "[" : "(");
+  return v;
+}
+
 const CollTest *findColl(const char *name) {
   auto squash = [](std::string s) {  // accept nccl-tests' all_reduce(_perf) spellings too
     if (s.size() > 5 && s.compare(s.size() - 5, 5, "_perf") == 0) s.resize(s.size() - 5);
@@ -372,10 +316,17 @@ const CollTest *findColl(const char *name) {
 
 Options parseArgs(int argc, char **argv) {
   Options o;
+  enum { kCompressor = 256, kCopts, kMinBytes, kDensity, kOverlap };
   const option longOpts[] = {{"json", required_argument, nullptr, 'J'},
                              {"list-compressors", no_argument, nullptr, 'L'},
                              {"help", no_argument, nullptr, 'h'},
+                             {"compressor", required_argument, nullptr, kCompressor},
+                             {"copts", required_argument, nullptr, kCopts},
+                             {"min-bytes", required_argument, nullptr, kMinBytes},
+                             {"density", required_argument, nullptr, kDensity},
+                             {"overlap", required_argument, nullptr, kOverlap},
                              {nullptr, 0, nullptr, 0}};
+  const char *allreduceOnly = nullptr;  // the last allreduce-only flag given
   opterr = 0;
   for (int ch; (ch = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:a:r:J:h", longOpts, nullptr)) != -1;) {
     switch (ch) {
@@ -396,7 +347,16 @@ Options parseArgs(int argc, char **argv) {
       case 'o':
         if (shoal_op_from_name(optarg, &o.op) != SHOAL_OK) usageError("-o: %s", shoal_last_error(nullptr));
         break;
-      case 'L': puts("none"); exit(0);
+      case kCompressor: o.compressor = optarg, allreduceOnly = "--compressor"; break;
+      case kCopts: o.copts = optarg, allreduceOnly = "--copts"; break;
+      case kMinBytes:
+        o.compressMinBytes = (long long)parseSize("--min-bytes", optarg), allreduceOnly = "--min-bytes";
+        break;
+      case kDensity: o.density = parseFraction("--density", optarg, false), allreduceOnly = "--density"; break;
+      case kOverlap: o.overlap = parseFraction("--overlap", optarg, true), allreduceOnly = "--overlap"; break;
+      case 'L':
+        if (shoal_compressors_print(stdout) != SHOAL_OK) usageError("%s", shoal_last_error(nullptr));
+        exit(0);
       case 'h': usage(); exit(0);
       case ':': usageError("option %s needs a value", argv[optind - 1]);
       default: usageError("unknown option %s", optopt ? format("-%c", optopt).c_str() : argv[optind - 1]);
@@ -411,6 +371,15 @@ Options parseArgs(int argc, char **argv) {
   const bool bitwise = o.op == SHOAL_BAND || o.op == SHOAL_BOR || o.op == SHOAL_BXOR;
   if (o.coll->hasOp && bitwise && kTypes[o.dtype].isFloat)
     usageError("-o %s needs an integer dtype, not %s", shoal_op_name(o.op), shoal_dtype_name(o.dtype));
+  if (o.coll != &kCollTests[0]) {  // SHOAL_COMPRESSOR does not touch the other collectives
+    if (allreduceOnly) usageError("%s applies to allreduce only, not %s", allreduceOnly, o.coll->name);
+    return o;
+  }
+  const char *from = o.compressor ? "--compressor" : "SHOAL_COMPRESSOR";
+  if (!o.compressor) o.compressor = getenv("SHOAL_COMPRESSOR");
+  if (!o.compressor || !*o.compressor) o.compressor = "none";
+  if (strcmp(o.compressor, "none") != 0 && shoal_compressor_lookup(o.compressor, &o.table) != SHOAL_OK)
+    usageError("%s: %s", from, shoal_last_error(nullptr));
   return o;
 }
 
@@ -427,9 +396,17 @@ shoal_comm_t g_comm = nullptr;
 #define CHECK(call) \
   do { if (const shoal_status_t s_ = (call); s_ != SHOAL_OK) fail(#call, s_); } while (0)
 
+// The bench's own bookkeeping, never compressed whatever SHOAL_COMPRESSOR says.
+shoal_status_t plainAllreduce(void *buf, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
+  shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
+  options.compressor = "none";
+  const shoal_tensor_t t = shoal_tensor_1d(buf, count, dtype);
+  return shoal_allreduce_tensor(g_comm, &t, &t, op, &options);
+}
+
 void printTableHeader() {
   int half = 0;
-  for (const Column &c : kColumns) half += 2 + c.width;
+  for (const Column &c : kColumns) half += shown(c, false) ? 2 + c.width : 0;
   std::string line[3] = {format("# %10s  %12s  %8s  %6s  %6s", "", "", "", "", ""),
                          format("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root"),
                          format("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "")};
@@ -437,11 +414,36 @@ void printTableHeader() {
     const int pad = (half - int(strlen(title))) / 2;
     line[0] += format("%*s%-*s", pad, "", half - pad, title);
     for (const Column &c : kColumns) {
+      if (!shown(c, false)) continue;
       line[1] += format("  %*s", c.width, c.title);
       line[2] += format("  %*s", c.width, c.unit);
     }
   }
   for (std::string &l : line) printf("%s\n", l.erase(l.find_last_not_of(' ') + 1).c_str());
+}
+
+// What the compressor columns and #wrong mean for this run, and what the input looks like.
+void printCompressorHeader(const Options &o, int nranks) {
+  if (const shoal_compressor_t *t = o.table) {
+    const char *copts = o.copts ? o.copts : getenv("SHOAL_COMPRESSOR_OPTS");
+    printf("# compressor %s, options '%s', min bytes %lld, tensor name bench_<count>: ", t->name,
+           copts ? copts : "", o.compressMinBytes);
+    if (t->error_kind == SHOAL_ERROR_EXACT) printf("lossless, #wrong counts outputs unequal to the exact result\n");
+    else if (t->error_kind == SHOAL_ERROR_RELATIVE)
+      printf("#wrong counts |out - exact| > %g * n * sum_r |x_r|\n", t->error_bound);
+    else printf("error feedback; FEEDBACK compressors are checked for finiteness only "
+                "(the conformance suite checks them fully)\n");
+    if (!((t->dtypes >> o.dtype) & 1u) || (o.op != SHOAL_SUM && o.op != SHOAL_AVG))
+      printf("# note: %s does not compress %s %s: every call goes uncompressed (ratio 1, exact check)\n", t->name,
+             shoal_dtype_name(o.dtype), shoal_op_name(o.op));
+  }
+  if (o.density < 1) {
+    double common, arc;
+    sparsity(o.density, o.overlap, &common, &arc);
+    printf("# input density %g, overlap %g: %g of positions common to all ranks, %g of the rest per rank%s\n",
+           o.density, o.overlap, common, arc,
+           nranks * arc > 1 + 1e-9 ? " (more than 1/nranks: private positions overlap too)" : "");
+  }
 }
 
 void writeJson(FILE *f, const Options &o, int nranks, const char *algo, const char *opName,
@@ -451,6 +453,18 @@ void writeJson(FILE *f, const Options &o, int nranks, const char *algo, const ch
           o.coll->name, nranks, algo, type, opName);
   fprintf(f, " \"iters\": %d, \"warmup\": %d, \"check\": %s, \"avg_busbw\": %.6g, \"wrong\": %" PRId64 ",\n",
           o.iters, o.warmup, o.check ? "true" : "false", avgBusBw, wrong);
+  if (o.table) {  // names are [a-z0-9_]+; the options are escaped below
+    std::string copts;
+    for (const char *c = o.copts ? o.copts : getenv("SHOAL_COMPRESSOR_OPTS"); c && *c; ++c)
+      copts += *c == '"' || *c == '\\' ? format("\\%c", *c)
+               : uint8_t(*c) < 0x20    ? format("\\u%04x", *c)
+                                       : std::string(1, *c);
+    static const char *const kKinds[] = {"exact", "relative", "feedback"};
+    fprintf(f, " \"compressor\": \"%s\", \"compressor_options\": \"%s\", \"compress_min_bytes\": %lld,"
+            " \"error_kind\": \"%s\", \"error_bound\": %.6g,\n", o.table->name, copts.c_str(), o.compressMinBytes,
+            kKinds[o.table->error_kind % 3], o.table->error_bound);
+  }
+  if (o.table || o.density < 1) fprintf(f, " \"density\": %.6g, \"overlap\": %.6g,\n", o.density, o.overlap);
   fprintf(f, " \"results\": [");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row &r = rows[i];
@@ -458,8 +472,9 @@ void writeJson(FILE *f, const Options &o, int nranks, const char *algo, const ch
             i ? "," : "", r.size, r.count, type, opName, o.coll->hasRoot ? o.root : -1);
     for (int m = 0; m < 2; ++m) {
       fprintf(f, ", \"%s\": {", kModeJson[m]);
-      for (size_t c = 0; c < std::size(kColumns); ++c)
-        fprintf(f, "%s\"%s\": %s", c ? ", " : "", kColumns[c].jsonKey, kColumns[c].value(r.res[m], true).c_str());
+      const char *sep = "";
+      for (const Column &c : kColumns)
+        if (shown(c, true)) fprintf(f, "%s\"%s\": %s", sep, c.jsonKey, c.value(r.res[m], true).c_str()), sep = ", ";
       fprintf(f, "}");
     }
     fprintf(f, "}");
@@ -487,6 +502,7 @@ int main(int argc, char **argv) {
   CHECK(shoal_comm_size(g_comm, &nranks));
   if (coll.hasRoot && o.root >= nranks) usageError("-r %d: the root must be below nranks %d", o.root, nranks);
   const bool rank0 = g_rank == 0;
+  g_compressorColumns = o.table != nullptr;
   const char *env = getenv("SHOAL_ALGO");
   const char *algo = o.algorithm ? o.algorithm : env && *env ? env : "auto";
   const char *opName = coll.hasOp ? shoal_op_name(o.op) : "none";
@@ -496,7 +512,7 @@ int main(int argc, char **argv) {
   FILE *json = rank0 && o.jsonPath ? fopen(o.jsonPath, "w") : nullptr;
   const int openErrno = errno;
   int32_t jsonBad = rank0 && o.jsonPath && !json;
-  CHECK(shoal_allreduce(g_comm, &jsonBad, &jsonBad, 1, SHOAL_I32, SHOAL_MAX));
+  CHECK(plainAllreduce(&jsonBad, 1, SHOAL_I32, SHOAL_MAX));
   if (jsonBad) usageError("--json: cannot write %s: %s", o.jsonPath, strerror(openErrno));
 
   // nccl-tests' "Using devices" block: where each rank runs.
@@ -508,7 +524,9 @@ int main(int argc, char **argv) {
     printf("# shoal-bench %s: nranks %d, algorithm %s, dtype %s, op %s, minBytes %zu maxBytes %zu ", coll.name,
            nranks, algo, type, opName, o.minBytes, o.maxBytes);
     printf(o.stepBytes ? "step: %zu(bytes)" : "step: %zu(factor)", o.stepBytes ? o.stepBytes : o.stepFactor);
-    printf(" warmup iters: %d iters: %d validation: %d\n#\n", o.warmup, o.iters, o.check ? 1 : 0);
+    printf(" warmup iters: %d iters: %d validation: %d\n", o.warmup, o.iters, o.check ? 1 : 0);
+    printCompressorHeader(o, nranks);
+    printf("#\n");
     printf("# Using ranks\n");
     for (int r = 0; r < nranks; ++r) printf("#  Rank %2d Pid %7d on %s\n", r, all[r].pid, all[r].host);
     printf("#\n");
@@ -526,6 +544,20 @@ int main(int argc, char **argv) {
   const size_t ts = shoal_dtype_size(o.dtype);
   Ctx x{o.dtype, o.op, nranks, g_rank, o.root, {}, ts, 8 * ts, ti.isSigned,
         std::min<int64_t>(3, ti.exactLimit / nranks), ti.plainMod};
+  const shoal_compressor_t *table = o.table;  // NULL: allreduce goes uncompressed
+  shoal_allreduce_options_t arOpts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+  arOpts.compressor = table ? table->name : "none";
+  arOpts.compressor_options = o.copts;
+  arOpts.compress_min_bytes = o.compressMinBytes;
+  std::string tensorName;  // per size: a name keeps its count (stateful compressors check that)
+  x.arOpts = &arOpts;
+  if (table && ti.isFloat && (o.op == SHOAL_SUM || o.op == SHOAL_AVG))  // normal numbers, exact sums
+    x.richMax = std::clamp<int64_t>(ti.exactLimit / nranks, 1, 4095), x.scale = 0x1p-12;
+  x.sparse = o.density < 1;
+  sparsity(o.density, o.overlap, &x.common, &x.arc);
+  char *pristine = nullptr;  // the input of timed in-place calls, restored before each
+  if (table && !(pristine = static_cast<char *>(std::aligned_alloc(64, bufBytes))))
+    fail(format("allocating %zu bytes", bufBytes), SHOAL_ERR_NO_MEMORY);
   std::vector<Row> rows;
   int64_t totalWrong = 0;
   double busBwSum = 0;
@@ -540,41 +572,70 @@ int main(int argc, char **argv) {
       if (rank0) printf("# skipping size %zu: less than one %s per rank\n", size, type);
       continue;
     }
+    tensorName = format("bench_%zu", row.count);
+    arOpts.name = tensorName.c_str();
     double timeUs[2] = {0, 0};
     int64_t wrong[2] = {0, 0};
+    uint64_t bytes[2][4] = {};  // per mode, summed over ranks: input, payload, wire, compressed calls
     for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      using Clock = std::chrono::steady_clock;
+      using Us = std::chrono::duration<double, std::micro>;
       char *s, *r;
       collPointers(x, inPlace, sendbuf, recvbuf, &s, &r);
       auto run = [&] {
         if (shoal_status_t st = coll.runColl(g_comm, s, r, x); st != SHOAL_OK)
           fail(format("%s (%s, %zu bytes)", coll.name, kModeTitle[inPlace], row.size), st);
       };
-      initData(coll, x, s, r, inPlace, /*forTiming=*/true);
-      for (int i = 0; i < o.warmup; ++i) run();
+      const bool restore = pristine && inPlace;
+      double copyUs = 0;  // the restores' time, taken out of the timed loop's
+      auto restoreInput = [&] {
+        if (!restore) return;
+        const auto c0 = Clock::now();
+        std::memcpy(s, pristine, x.c.sendCount * ts);
+        copyUs += Us(Clock::now() - c0).count();
+      };
+      initData(coll, x, s, r, inPlace, /*forTiming=*/!restore);
+      if (restore) std::memcpy(pristine, s, x.c.sendCount * ts);
+      for (int i = 0; i < o.warmup; ++i) restoreInput(), run();
       CHECK(shoal_barrier(g_comm));
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.iters; ++i) run();
-      const std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - t0;
-      timeUs[inPlace] = elapsed.count() / o.iters;
+      copyUs = 0;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.iters; ++i) restoreInput(), run();
+      timeUs[inPlace] = std::max(0.0, Us(Clock::now() - t0).count() - copyUs) / o.iters;
+      shoal_compress_stats_t st = SHOAL_COMPRESS_STATS_INIT;  // of the last timed call
+      if (table) CHECK(shoal_last_compress_stats(g_comm, &st));
+      const bool compressed = table && strcmp(st.compressor, "none") != 0;
+      uint64_t *b = bytes[inPlace];
+      b[0] = st.input_bytes, b[1] = compressed ? st.payload_bytes : st.input_bytes;
+      b[2] = compressed ? st.wire_bytes : 0, b[3] = compressed;
       if (o.check) {  // one more run, from fresh inputs, verified element by element
         initData(coll, x, s, r, inPlace, /*forTiming=*/false);
         run();
-        wrong[inPlace] = checkData(coll, x, r);
+        Check how;  // uncompressed calls are exact
+        if (compressed) how = {table->error_kind, table->error_bound};
+        wrong[inPlace] = checkData(coll, x, r, how);
       }
     }
-    // The slowest rank's time, and the wrong elements of all ranks.
-    CHECK(shoal_allreduce(g_comm, timeUs, timeUs, 2, SHOAL_F64, SHOAL_MAX));
-    CHECK(shoal_allreduce(g_comm, wrong, wrong, 2, SHOAL_I64, SHOAL_SUM));
+    // The slowest rank's time, and the wrong elements and bytes of all ranks.
+    CHECK(plainAllreduce(timeUs, 2, SHOAL_F64, SHOAL_MAX));
+    CHECK(plainAllreduce(wrong, 2, SHOAL_I64, SHOAL_SUM));
+    if (table) CHECK(plainAllreduce(bytes, 8, SHOAL_U64, SHOAL_SUM));
     for (int m = 0; m < 2; ++m) {
-      const double algBw = timeUs[m] > 0 ? double(row.size) / 1e3 / timeUs[m] : 0;  // B/us / 1e3 = GB/s
-      row.res[m] = {timeUs[m], algBw, algBw * coll.busbwFactor(nranks), o.check ? wrong[m] : -1};
+      const uint64_t *b = bytes[m];
+      const double moved = table ? double(b[1]) / nranks : double(row.size);  // per rank
+      const double algBw = timeUs[m] > 0 ? moved / 1e3 / timeUs[m] : 0;  // B/us / 1e3 = GB/s
+      row.res[m] = {timeUs[m], algBw, algBw * coll.busbwFactor(nranks), o.check ? wrong[m] : -1,
+                    b[1] ? double(b[0]) / double(b[1]) : 0, moved,
+                    b[3] == uint64_t(nranks) ? double(b[2]) / nranks : -1,
+                    timeUs[m] > 0 ? double(row.size) / 1e3 / timeUs[m] : 0};
       busBwSum += row.res[m].busBw;
       totalWrong += wrong[m];
     }
     if (rank0) {
       printf("%12zu  %12zu  %8s  %6s  %6d", row.size, row.count, type, opName, coll.hasRoot ? o.root : -1);
       for (const Result &res : row.res)
-        for (const Column &c : kColumns) printf("  %*s", c.width, c.value(res, false).c_str());
+        for (const Column &c : kColumns)
+          if (shown(c, false)) printf("  %*s", c.width, c.value(res, false).c_str());
       printf("\n");
       fflush(stdout);
     }
@@ -593,6 +654,7 @@ int main(int argc, char **argv) {
   }
   std::free(sendbuf);
   std::free(recvbuf);
+  std::free(pristine);
   CHECK(shoal_comm_finalize(g_comm));
   shoal_comm_destroy(g_comm);
   return totalWrong ? 1 : 0;
