@@ -57,7 +57,8 @@ extern "C" {
 #define SHOAL_CAP_HOST ((uint64_t)1 << 0)        /* runs on host tensors */
 #define SHOAL_CAP_CUDA ((uint64_t)1 << 1)        /* runs on CUDA tensors */
 #define SHOAL_CAP_LOSSLESS ((uint64_t)1 << 2)    /* output == the exact reduction, bit for bit */
-#define SHOAL_CAP_STATEFUL ((uint64_t)1 << 3)    /* keeps per-tensor state: tensors need names */
+#define SHOAL_CAP_STATEFUL ((uint64_t)1 << 3)    /* may keep per-tensor state; when its options need state,
+                                                    start() refuses unnamed tensors (name == NULL) */
 #define SHOAL_CAP_HOMOMORPHIC ((uint64_t)1 << 4) /* its payloads are reduced without decoding */
 
 /* What the compressor promises about its output, checked by the conformance
@@ -126,7 +127,8 @@ typedef struct shoal_payload {
   void *buffer;               /* compressor-owned, stays valid until the next round() call */
   size_t count;               /* elements of dtype */
   /* Filled by the driver for an allgatherv, valid during the next round() call:
-   * rank r's elements are gathered[displs[r] .. displs[r] + counts[r]). */
+   * rank r's elements are gathered[displs[r] .. displs[r] + counts[r]).
+   * gathered is aligned for dtype (at least 16 bytes). */
   const void *gathered;
   const size_t *gathered_counts;
   const size_t *gathered_displs;

@@ -7,6 +7,7 @@ namespace shoal::compressors {
 const shoal_compressor_t* none();
 const shoal_compressor_t* fp16();
 const shoal_compressor_t* bf16();
+const shoal_compressor_t* topk();
 }  // namespace shoal::compressors
 
 namespace shoal::plugin {
@@ -16,6 +17,7 @@ const std::vector<const shoal_compressor_t*>& builtinCompressors() {
       compressors::none(),
       compressors::fp16(),
       compressors::bf16(),
+      compressors::topk(),
   };
   return table;
 }

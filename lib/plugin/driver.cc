@@ -88,19 +88,24 @@ namespace {
 
 using plugin::CompressorInstance;
 
-// Every rank must run the same compressor, options and shapes: one small
-// max-allreduce of {hash, ~hash} finds a disagreement on every rank.
-void checkAgreement(shoal_comm& comm, uint64_t sequence, const std::string& description) {
+// Every rank must run the same compressor, options and shapes, and every
+// rank's start() must have accepted the call: one small max-allreduce of
+// {hash, ~hash, refusal} tells every rank about a disagreement or a refusal
+// anywhere, before any payload moves, so the communicator stays usable.
+// Returns the largest refusal code seen (0 = every rank accepted).
+uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, const std::string& description,
+                              shoal_status_t localStatus) {
   uint64_t hash = plugin::fingerprint(description);
-  uint64_t both[2] = {hash, ~hash};
+  uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(localStatus))};
   runCollective(comm, sequence, [&](Context& context) {
-    allreduceRecursiveDoubling(context, both, 2, Reducer(SHOAL_U64, SHOAL_MAX));
+    allreduceRecursiveDoubling(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
   });
-  if (both[0] != hash || ~both[1] != hash)
+  if (words[0] != hash || ~words[1] != hash)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
          "options, dtype and shape for the same call",
          description);
+  return words[2];
 }
 
 void validatePayload(const shoal_compressor_t& table, int round, const shoal_payload_t& payload) {
@@ -121,6 +126,9 @@ struct GatherSpace {
   std::vector<size_t> counts, displs;
 };
 
+void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
+               const char* errorText, plugin::CompressStats& stats);
+
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                    std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
                    plugin::CompressStats& stats) {
@@ -136,22 +144,52 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   operation.step = comm.compressors.nextStep();
   operation.error_text = errorText;
   operation.error_text_size = sizeof errorText;
-  auto failed = [&](shoal_status_t status, const char* stage) {
+  uint64_t sentBefore = comm.transport->bytesSent();
+  void* opState = nullptr;
+  shoal_status_t startStatus = table.start(instance.handle(), &operation, &opState);
+  uint64_t refusal = 0;
+  try {
+    refusal = agreeAndShareRefusal(comm, sequence, agreement, startStatus);
+  } catch (...) {
+    if (startStatus == SHOAL_OK) table.finish(instance.handle(), opState);
+    throw;
+  }
+  if (startStatus != SHOAL_OK)
+    fail(startStatus, "compressor {} refused the call: {}", table.name,
+         errorText[0] ? errorText : shoal_status_string(startStatus));
+  if (refusal != 0) {
+    table.finish(instance.handle(), opState);
+    auto status = static_cast<shoal_status_t>(-static_cast<int64_t>(refusal));
+    fail(status, "compressor {} refused the call on another rank ({}); that rank's error says why", table.name,
+         shoal_status_string(status));
+  }
+  // From here the peers are inside this call with us: a failure on this rank
+  // alone (a compressor bug, a payload the transport refuses) must reach them
+  // at once, so it aborts the communicator as a failed collective does.
+  try {
+    runRounds(comm, instance, operation, opState, errorText, stats);
+  } catch (const Error& error) {
+    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    throw;
+  }
+  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+}
+
+// The rounds after a successful start(); always ends with finish().
+void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
+               const char* errorText, plugin::CompressStats& stats) {
+  const shoal_compressor_t& table = instance.table();
+  auto failed = [&](shoal_status_t status, const std::string& stage) {
     fail(status, "compressor {} failed in {}: {}", table.name, stage, errorText[0] ? errorText : shoal_status_string(status));
   };
-
-  uint64_t sentBefore = comm.transport->bytesSent();
-  checkAgreement(comm, sequence, agreement);
-  void* opState = nullptr;
-  shoal_status_t status = table.start(instance.handle(), &operation, &opState);
-  if (status != SHOAL_OK) failed(status, "start");
+  shoal_status_t status = SHOAL_OK;
   GatherSpace gathers[SHOAL_MAX_ROUND_PAYLOADS];
   try {
     shoal_round_t round{};
     round.struct_size = sizeof round;
     for (;;) {
       status = table.round(instance.handle(), opState, &operation, &round);
-      if (status != SHOAL_OK) failed(status, fmt::format("round {}", round.index).c_str());
+      if (status != SHOAL_OK) failed(status, fmt::format("round {}", round.index));
       if (round.done) break;
       if (round.num_payloads < 1 || round.num_payloads > SHOAL_MAX_ROUND_PAYLOADS)
         fail(SHOAL_ERR_INTERNAL, "compressor {} asked for {} payloads in round {} (1..{} allowed) without done",
@@ -181,7 +219,6 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
     throw;
   }
   table.finish(instance.handle(), opState);
-  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
 }
 
 }  // namespace
@@ -212,13 +249,10 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
     return;
   }
 
-  const char* tensorName = options ? options->name : nullptr;
-  const bool stateful = (instance->table().caps & SHOAL_CAP_STATEFUL) != 0;
-  if (stateful && (tensorName == nullptr || tensorName[0] == '\0'))
-    fail(SHOAL_ERR_INVALID_ARGUMENT,
-         "compressor {} keeps per-tensor state (e.g. error feedback), so the tensor needs a name: pass "
-         "shoal_allreduce_options_t.name (or choose options that make it stateless, if it has them)",
-         name);
+  // Whether an unnamed tensor is acceptable depends on the options (topk with
+  // ef=0 keeps no state), so the compressor decides in start(): unnamed
+  // tensors get a state slot that lives for this call only.
+  const char* tensorName = options && options->name && options->name[0] ? options->name : nullptr;
   void* scratchState = nullptr;  // unnamed tensors get a state slot that lives for this call only
   std::vector<shoal_compress_tensor_t> tensors(1);
   tensors[0].input = input;
