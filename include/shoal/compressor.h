@@ -186,6 +186,7 @@ shoal_status_t shoal_compressor_lookup(const char *name, const shoal_compressor_
 
 /* The entry symbol of an external plugin (one per shared library). */
 typedef const shoal_compressor_t *(*shoal_compressor_plugin_fn)(void);
+SHOAL_COMPRESSOR_EXPORT const shoal_compressor_t *shoal_compressor_plugin_v1(void);
 #define SHOAL_COMPRESSOR_PLUGIN_SYMBOL "shoal_compressor_plugin_v1"
 
 #ifdef __cplusplus

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -55,6 +57,7 @@ std::string validateTable(const shoal_compressor_t* table) {
 
 Registry::Registry(const std::string& pluginPath) {
   for (const shoal_compressor_t* table : builtinCompressors()) add(table, "built-in");
+  std::vector<std::string> scanned;
   size_t begin = 0;
   while (begin <= pluginPath.size()) {
     size_t end = pluginPath.find(':', begin);
@@ -62,6 +65,10 @@ Registry::Registry(const std::string& pluginPath) {
     std::string directory = pluginPath.substr(begin, end - begin);
     begin = end + 1;
     if (directory.empty()) continue;
+    char resolved[PATH_MAX];
+    std::string real = realpath(directory.c_str(), resolved) ? std::string(resolved) : directory;
+    if (std::find(scanned.begin(), scanned.end(), real) != scanned.end()) continue;  // listed twice
+    scanned.push_back(real);
     DIR* dir = opendir(directory.c_str());
     if (dir == nullptr) {
       refusals_.push_back(fmt::format("{}: SHOAL_PLUGIN_PATH names a folder that cannot be read: {}", directory,
@@ -149,11 +156,16 @@ ParsedOptions parseOptions(const std::string& text) {
     size_t equals = item.find('=');
     if (equals == std::string::npos || equals == 0)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "compressor option '{}' in '{}' is not key=value", item, text);
-    std::string key = item.substr(0, equals);
+    auto trim = [](std::string text) {
+      size_t first = text.find_first_not_of(" \t"), last = text.find_last_not_of(" \t");
+      return first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+    };
+    std::string key = trim(item.substr(0, equals));
+    if (key.empty()) fail(SHOAL_ERR_INVALID_ARGUMENT, "compressor option '{}' in '{}' has no key", item, text);
     if (std::find(parsed.keys.begin(), parsed.keys.end(), key) != parsed.keys.end())
       fail(SHOAL_ERR_INVALID_ARGUMENT, "compressor option '{}' is given twice in '{}'", key, text);
     parsed.keys.push_back(key);
-    parsed.values.push_back(item.substr(equals + 1));
+    parsed.values.push_back(trim(item.substr(equals + 1)));
   }
   return parsed;
 }

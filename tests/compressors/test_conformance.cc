@@ -79,6 +79,17 @@
 
 namespace {
 
+// In the project's build, the example plugin (built into SHOAL_TEST_PLUGIN_DIR)
+// is part of the suite and required, unless the caller chose otherwise. Runs
+// before the parameter generators read the registry.
+#ifdef SHOAL_TEST_PLUGIN_DIR
+const bool kExamplePluginDefaults = [] {
+  setenv("SHOAL_PLUGIN_PATH", SHOAL_TEST_PLUGIN_DIR, /*overwrite=*/0);
+  setenv("SHOAL_CONFORMANCE_REQUIRE", "qint8", /*overwrite=*/0);
+  return true;
+}();
+#endif
+
 using shoal::test::runRanks;
 
 // Cleared before any test runs: compressor_options NULL means "from the environment".

@@ -63,7 +63,7 @@ const char kHelp[] =
     "  --timeout-s S        stop the job if it is still running after S seconds (exit 124)\n"
     "  --print-config       list every SHOAL_* variable with its default, value and meaning\n"
     "  --markdown           with --print-config: print a Markdown table\n"
-    "  --list-compressors   list the compressors this build knows\n"
+    "  --list-compressors   list the compressors: built-ins and plugins on SHOAL_PLUGIN_PATH\n"
     "  -h, --help           this text\n"
     "\n"
     "Beyond one machine, launch with mpirun or srun and pass the store and token through:\n"
@@ -639,7 +639,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (options.listCompressors) {
-    std::printf("compressors: none (the compressor registry arrives with the plugin ABI)\n");
+    // Built-ins and the plugins on SHOAL_PLUGIN_PATH, with any refused plugin and why.
+    std::printf("compressors:\n");
+    shoal_status_t status = shoal_compressors_print(stdout);
+    if (status != SHOAL_OK) {
+      std::fprintf(stderr, "shoalrun: --list-compressors failed: %s: %s\n", shoal_status_string(status),
+                   shoal_last_error(nullptr));
+      return 1;
+    }
     return 0;
   }
 
