@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: a 4-rank shoal-bench allreduce sweep over loopback on this machine.
+# The main job: 4-rank shoal-bench allreduce sweeps on this machine, without and
+# with compressors.
 # Usage: scripts/demo.sh [extra shoal-bench args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,5 +10,13 @@ build=${SHOAL_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target shoal shoalrun shoal-bench
 
-echo "== 4 ranks, allreduce, float sum, 8 B .. 64 MiB =="
-"$build/bin/shoalrun" -np 4 "$build/bin/shoal-bench" allreduce -b 8 -e 64M -f 4 -n 20 -w 5 -c 1 "$@"
+run() { "$build/bin/shoalrun" -np 4 "$build/bin/shoal-bench" allreduce "$@"; }
+
+echo "== 4 ranks, allreduce, float sum, 8 B .. 64 MiB, no compression =="
+run -b 8 -e 64M -f 4 -n 20 -w 5 -c 1 "$@"
+
+echo "== the same through the fp16 compressor (1 MiB .. 64 MiB) =="
+run -b 1M -e 64M -f 4 -n 10 -w 2 -c 1 --compressor fp16 "$@"
+
+echo "== topk (1% of the elements, error feedback) on 1%-dense gradients (1 MiB .. 64 MiB) =="
+run -b 1M -e 64M -f 4 -n 10 -w 2 -c 1 --compressor topk --copts ratio=0.01 --density 0.01 "$@"
