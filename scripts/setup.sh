@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libucx-dev ucx-utils libfmt-dev
+  libucx-dev ucx-utils libfmt-dev libopenblas-dev liblapacke-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
 )
