@@ -24,7 +24,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
       {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores)."},
       // Compression.
-      {"SHOAL_COMPRESSOR", "none", "Compressor for allreduce (sum/avg of float tensors): none, fp16, bf16, topk, or a plugin's name."},
+      {"SHOAL_COMPRESSOR", "none", "Compressor for allreduce (sum/avg of float tensors): none or a name from shoalrun --list-compressors."},
       {"SHOAL_COMPRESSOR_OPTS", "", "Options of the compressor, k=v,k=v (see shoalrun --list-compressors)."},
       {"SHOAL_COMPRESS_MIN_BYTES", "65536", "Tensors smaller than this many bytes go uncompressed."},
       {"SHOAL_PLUGIN_PATH", "", "Colon-separated folders searched for libshoal-compressor-<name>.so plugins."},
