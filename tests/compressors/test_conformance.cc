@@ -109,7 +109,11 @@ const char* optionsFor(const std::string& compressor) {
 }
 
 constexpr size_t kBig = (size_t(1) << 20) + 3;
-const size_t kCounts[] = {0, 1, 7, 4099, kBig};
+// A matrix-shaped tensor too, [96, 150]: low-rank compressors (powersgd) compress
+// only tensors of two or more dimensions.
+constexpr int64_t kMatrixRows = 96, kMatrixCols = 150;
+constexpr size_t kMatrix = kMatrixRows * kMatrixCols;
+const size_t kCounts[] = {0, 1, 7, 4099, kMatrix, kBig};
 const shoal_op_t kOps[] = {SHOAL_SUM, SHOAL_AVG};
 
 // ---- hashing -------------------------------------------------------------------
@@ -254,7 +258,15 @@ std::vector<const DType*> declaredDtypes(const shoal_compressor_t& table) {
   return result;
 }
 
-shoal_tensor_t tensorOf(void* data, size_t count, const DType& t) { return shoal_tensor_1d(data, count, t.id); }
+shoal_tensor_t tensorOf(void* data, size_t count, const DType& t) {
+  shoal_tensor_t tensor = shoal_tensor_1d(data, count, t.id);
+  if (count == kMatrix) {
+    tensor.ndim = 2;
+    tensor.shape[0] = kMatrixRows;
+    tensor.shape[1] = kMatrixCols;
+  }
+  return tensor;
+}
 
 // ---- the registry -------------------------------------------------------------------
 
