@@ -8,6 +8,7 @@ const shoal_compressor_t* none();
 const shoal_compressor_t* fp16();
 const shoal_compressor_t* bf16();
 const shoal_compressor_t* topk();
+const shoal_compressor_t* sketch();
 const shoal_compressor_t* powersgd();
 }  // namespace shoal::compressors
 
@@ -19,6 +20,7 @@ const std::vector<const shoal_compressor_t*>& builtinCompressors() {
       compressors::fp16(),
       compressors::bf16(),
       compressors::topk(),
+      compressors::sketch(),
       compressors::powersgd(),
   };
   return table;

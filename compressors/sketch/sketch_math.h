@@ -1,0 +1,295 @@
+// Per-element logic of the sketch compressor, shared by the host code
+// (sketch.cc) and a later CUDA kernel: everything here is __host__ __device__
+// under nvcc (SHOAL_HD, from collectives/common/element_ops.h) and plain inline
+// C++ otherwise. No allocation, no standard containers.
+//
+// Pieces:
+//  - the index bitmap: bit i of word i / 64 is coordinate i;
+//  - the cell hash of (index, seed, j), j = 0, 1, 2 (partitioned table: hash j
+//    lands in part j of three equal parts, so an element's three cells differ);
+//  - the exact fixed-point encoding of an f32 as signed 64-bit limbs and the
+//    exact decoding of a sum of such encodings back to f32, rounded once.
+//
+// Fixed point (see sketch.cc for the rule that picks Q, L and K):
+//   every finite f32 is x = +-m * 2^q with m < 2^24 an integer; normalised
+//   (m odd) q is the position of x's lowest set bit. With Q <= q for every
+//   nonzero value of every rank (the global minimum), x * 2^-Q = +-m * 2^(q-Q)
+//   is an integer. It is split into K limbs of L bits:
+//     x * 2^-Q = sum_k d_k * 2^(k L),  d_k in (-2^L, 2^L), all of x's sign.
+//   Limbs are summed (across ranks, sketch cells) as u64 modulo 2^64; with
+//   L + ceil(log2 n) <= 63 the true limb sum over n ranks satisfies
+//   |sum| <= n (2^L - 1) < 2^63, so the modular result read as int64 IS the
+//   true limb sum. The exact total sum_r x_r = 2^Q * sum_k S_k 2^(k L) is then
+//   rebuilt in a 512-bit two's-complement integer (no rounding), optionally
+//   divided by n with a sticky remainder bit, and rounded ONCE to f32 (round to
+//   nearest even, subnormals and overflow to inf as IEEE does).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "collectives/common/element_ops.h"  // SHOAL_HD
+
+namespace shoal::sketch {
+
+// ---- bitmap -------------------------------------------------------------------
+SHOAL_HD inline void bitmapSet(uint64_t* words, size_t i) { words[i >> 6] |= uint64_t(1) << (i & 63); }
+SHOAL_HD inline bool bitmapTest(const uint64_t* words, size_t i) { return (words[i >> 6] >> (i & 63)) & 1u; }
+
+// ---- hashing ------------------------------------------------------------------
+// splitmix64's finaliser: a full-avalanche 64-bit mix.
+SHOAL_HD inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+// The cell of element `index` for hash j (0..2) in a table of 3 * part cells:
+// part j holds hash j's cells, so the three cells of one element are distinct.
+SHOAL_HD inline uint64_t cellOf(uint64_t index, uint64_t seed, int j, uint64_t part) {
+  uint64_t h = mix64(index * 0x9e3779b97f4a7c15ull + mix64(seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
+  // Multiply-shift range reduction (unbiased enough, no division).
+  return uint64_t(j) * part + static_cast<uint64_t>((static_cast<unsigned __int128>(h) * part) >> 64);
+}
+
+// ---- f32 decomposition ----------------------------------------------------------
+struct FloatParts {
+  uint32_t mag;   // odd (normalised), < 2^24; 0 for a zero
+  int lowest;     // value = +-mag * 2^lowest
+  int top;        // position of the highest set bit: 2^top <= |x| < 2^(top+1)
+  bool negative;
+};
+
+SHOAL_HD inline int clz32(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clz(v);
+#else
+  return __builtin_clz(v);
+#endif
+}
+SHOAL_HD inline int clz64(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clzll(v);
+#else
+  return __builtin_clzll(v);
+#endif
+}
+SHOAL_HD inline int ctz32(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(v) - 1;
+#else
+  return __builtin_ctz(v);
+#endif
+}
+
+// For a finite value only (the caller tests isFinite first).
+SHOAL_HD inline FloatParts decompose(float x) {
+  uint32_t bits = ops::floatBits(x);
+  FloatParts p{};
+  p.negative = (bits >> 31) != 0;
+  uint32_t e = (bits >> 23) & 0xffu, frac = bits & 0x7fffffu;
+  uint32_t mag = e == 0 ? frac : (frac | 0x800000u);
+  int q = e == 0 ? -149 : int(e) - 150;
+  if (mag == 0) return p;
+  int tz = ctz32(mag);
+  p.mag = mag >> tz;
+  p.lowest = q + tz;
+  p.top = q + 31 - clz32(mag);
+  return p;
+}
+
+SHOAL_HD inline bool isFinite(float x) { return (ops::floatBits(x) & 0x7f800000u) != 0x7f800000u; }
+
+// Adds x's limbs (scale 2^-Q, limb width L bits, K limbs) to limbs[k * stride]
+// modulo 2^64. Requires Q <= decompose(x).lowest and K limbs covering x.
+SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, size_t stride) {
+  FloatParts p = decompose(x);
+  if (p.mag == 0) return;
+  int shift = p.lowest - Q;
+  int k0 = shift / L, r = shift % L;
+  unsigned __int128 w = static_cast<unsigned __int128>(p.mag) << r;
+  uint64_t lo = static_cast<uint64_t>(w) & ((uint64_t(1) << L) - 1);
+  uint64_t hi = static_cast<uint64_t>(w >> L);
+  if (p.negative) {
+    lo = 0 - lo;
+    hi = 0 - hi;
+  }
+  if (k0 < K) limbs[size_t(k0) * stride] += lo;
+  if (k0 + 1 < K) limbs[size_t(k0 + 1) * stride] += hi;
+}
+
+// ---- exact decoding -----------------------------------------------------------------
+constexpr int kBigWords = 8;  // 512 bits: 2^-149 .. 2^128 is 277 bits, + log2 n, + 64 for the division
+
+struct Big {
+  uint64_t w[kBigWords];
+};
+
+SHOAL_HD inline void bigZero(Big& b) {
+  for (int i = 0; i < kBigWords; ++i) b.w[i] = 0;
+}
+
+// b += v * 2^shift (two's complement, v signed).
+SHOAL_HD inline void bigAddShifted(Big& b, int64_t v, int shift) {
+  uint64_t t[kBigWords];
+  uint64_t ext = v < 0 ? ~uint64_t(0) : 0;
+  for (int i = 0; i < kBigWords; ++i) t[i] = i < shift / 64 ? 0 : ext;
+  int w = shift / 64, s = shift % 64;
+  __int128 shifted = static_cast<__int128>(v) * (static_cast<__int128>(1) << s);  // fits: |v| < 2^63, s < 64
+  if (w < kBigWords) t[w] = static_cast<uint64_t>(shifted);
+  if (w + 1 < kBigWords) t[w + 1] = static_cast<uint64_t>(static_cast<unsigned __int128>(shifted) >> 64);
+  uint64_t carry = 0;
+  for (int i = 0; i < kBigWords; ++i) {
+    unsigned __int128 sum = static_cast<unsigned __int128>(b.w[i]) + t[i] + carry;
+    b.w[i] = static_cast<uint64_t>(sum);
+    carry = static_cast<uint64_t>(sum >> 64);
+  }
+}
+
+SHOAL_HD inline bool bigNegative(const Big& b) { return (b.w[kBigWords - 1] >> 63) != 0; }
+
+SHOAL_HD inline void bigNegate(Big& b) {
+  uint64_t carry = 1;
+  for (int i = 0; i < kBigWords; ++i) {
+    unsigned __int128 sum = static_cast<unsigned __int128>(~b.w[i]) + carry;
+    b.w[i] = static_cast<uint64_t>(sum);
+    carry = static_cast<uint64_t>(sum >> 64);
+  }
+}
+
+// Highest set bit, -1 for zero.
+SHOAL_HD inline int bigTop(const Big& b) {
+  for (int i = kBigWords - 1; i >= 0; --i)
+    if (b.w[i]) return i * 64 + 63 - clz64(b.w[i]);
+  return -1;
+}
+
+SHOAL_HD inline bool bigBit(const Big& b, int i) { return i >= 0 && ((b.w[i / 64] >> (i % 64)) & 1u); }
+
+// Any bit below position i set?
+SHOAL_HD inline bool bigAnyBelow(const Big& b, int i) {
+  for (int k = 0; k < kBigWords && k * 64 < i; ++k) {
+    uint64_t word = b.w[k];
+    if ((k + 1) * 64 > i) word &= (uint64_t(1) << (i - k * 64)) - 1;
+    if (word) return true;
+  }
+  return false;
+}
+
+// Bits [from, from + 25) as an integer (from >= 0).
+SHOAL_HD inline uint64_t bigBits(const Big& b, int from, int count) {
+  uint64_t out = 0;
+  for (int i = 0; i < count; ++i)
+    if (bigBit(b, from + i)) out |= uint64_t(1) << i;
+  return out;
+}
+
+// b = (b << 64) / d, returns whether the remainder is nonzero. b >= 0 and its
+// top word must be free.
+SHOAL_HD inline bool bigShiftDivide(Big& b, uint64_t d) {
+  for (int i = kBigWords - 1; i > 0; --i) b.w[i] = b.w[i - 1];
+  b.w[0] = 0;
+  unsigned __int128 rem = 0;
+  for (int i = kBigWords - 1; i >= 0; --i) {
+    unsigned __int128 cur = (rem << 64) | b.w[i];
+    b.w[i] = static_cast<uint64_t>(cur / d);
+    rem = cur % d;
+  }
+  return rem != 0;
+}
+
+SHOAL_HD inline float ldexpExact(uint64_t m, int e) {
+  // m <= 2^24: exact as float; scaling by powers of two in steps keeps every
+  // intermediate exact until the final (representable or overflowing) result.
+  float f = static_cast<float>(m);
+  while (e > 100) { f *= 0x1p100f; e -= 100; }
+  while (e < -100) { f *= 0x1p-100f; e += 100; }  // only reached with results >= 2^-149, see roundToFloat
+  // Final step: |e| <= 100; build 2^e in two factors to stay in range.
+  int e1 = e / 2, e2 = e - e1;
+  return f * ops::bitsFloat(uint32_t(e1 + 127) << 23) * ops::bitsFloat(uint32_t(e2 + 127) << 23);
+}
+
+// The f32 nearest (ties to even) to (negative ? -1 : 1) * (mag + sticky_tail) * 2^Q,
+// where sticky says that a nonzero tail below mag's bit 0 exists (smaller than 1).
+SHOAL_HD inline float roundToFloat(const Big& mag, int Q, bool sticky, bool negative) {
+  int t = bigTop(mag);
+  if (t < 0) return negative ? -0.0f : 0.0f;
+  int e = t + Q;
+  if (e >= 128) return negative ? -ops::bitsFloat(0x7f800000u) : ops::bitsFloat(0x7f800000u);
+  int cut = e >= -126 ? t - 23 : -149 - Q;  // bit position of the result's last place
+  uint64_t m;
+  if (cut <= 0) {
+    // Every bit of mag is a bit of the result (t <= 23 + cut <= 23): exact.
+    // (sticky is never set here: callers that divide first scale by 2^64, so
+    // t >= 56 and cut > 0.)
+    m = bigBits(mag, 0, t + 1);
+    cut = 0;
+  } else {
+    m = bigBits(mag, cut, t + 1 - cut);
+    bool half = bigBit(mag, cut - 1);
+    bool below = sticky || bigAnyBelow(mag, cut - 1);
+    if (half && (below || (m & 1u))) ++m;
+  }
+  // Value = m * 2^(cut + Q), with m <= 2^24 and the result >= 2^-149 (or 0).
+  if (m == 0) return negative ? -0.0f : 0.0f;
+  float f;
+  int exp = cut + Q;
+  if (exp + 64 - clz64(m) > 128) f = ops::bitsFloat(0x7f800000u);
+  else f = ldexpExact(m, exp);
+  return negative ? -f : f;
+}
+
+// The fast path of the common case, one limb (K = 1): the exact sum is the
+// int64 S times 2^Q (avg: S * 2^Q / n). Same rounding as roundToFloat, on
+// 128-bit integers: (|S| << 64) / n keeps >= 56 quotient bits, the remainder
+// becomes the sticky bit.
+SHOAL_HD inline int top128(unsigned __int128 v) {
+  uint64_t hi = static_cast<uint64_t>(v >> 64), lo = static_cast<uint64_t>(v);
+  return hi ? 127 - clz64(hi) : (lo ? 63 - clz64(lo) : -1);
+}
+
+SHOAL_HD inline float roundToFloat128(unsigned __int128 mag, int Q, bool sticky, bool negative) {
+  int t = top128(mag);
+  if (t < 0) return negative ? -0.0f : 0.0f;
+  int e = t + Q;
+  if (e >= 128) return negative ? -ops::bitsFloat(0x7f800000u) : ops::bitsFloat(0x7f800000u);
+  int cut = e >= -126 ? t - 23 : -149 - Q;
+  uint64_t m;
+  if (cut <= 0) {
+    m = static_cast<uint64_t>(mag);  // t <= 23: exact (sticky never set here, see decodeOneLimb)
+    cut = 0;
+  } else if (cut > 127) {
+    m = 0;  // unreachable (t <= 127 so cut <= 104 when normal; <= 64 + 149 + Q when subnormal); a guard for the shifts
+  } else {
+    m = static_cast<uint64_t>(mag >> cut);
+    bool half = (mag >> (cut - 1)) & 1u;
+    bool below = sticky || (cut >= 2 && (mag & ((static_cast<unsigned __int128>(1) << (cut - 1)) - 1)) != 0);
+    if (half && (below || (m & 1u))) ++m;
+  }
+  if (m == 0) return negative ? -0.0f : 0.0f;
+  float f;
+  int exp = cut + Q;
+  if (exp + 64 - clz64(m) > 128) f = ops::bitsFloat(0x7f800000u);
+  else f = ldexpExact(m, exp);
+  return negative ? -f : f;
+}
+
+// S * 2^Q (divided by n when n > 1), rounded once.
+SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
+  bool negative = S < 0;
+  unsigned __int128 mag = negative ? static_cast<uint64_t>(0) - static_cast<uint64_t>(S) : static_cast<uint64_t>(S);
+  bool sticky = false;
+  if (n > 1 && mag != 0) {
+    unsigned __int128 scaled = mag << 64;  // mag < 2^63: fits
+    sticky = scaled % static_cast<unsigned>(n) != 0;
+    mag = scaled / static_cast<unsigned>(n);
+    Q -= 64;
+  }
+  return roundToFloat128(mag, Q, sticky, negative);
+}
+
+}  // namespace shoal::sketch

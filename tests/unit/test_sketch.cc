@@ -1,0 +1,545 @@
+// The sketch built-in compressor (lossless homomorphic): outputs must be the
+// exact sum over ranks rounded once to f32, bit for bit, on every rank, in
+// every values= mode, over densities, support overlaps, rank counts and sizes;
+// plus values spanning the f32 range, Inf/NaN, forced peeling stalls (the
+// leftover round), payload sizes and option checks.
+//
+// References: a long double sum rounded to f32, with inputs chosen so that the
+// long double sum is exact (per coordinate the values' exponents span at most
+// 2^-20 .. 2^20, 24-bit significands, <= 8 ranks: < 64 bits); avg only for
+// power-of-two rank counts (the division is then exact too). Cases that need
+// more than long double use hand-computed expectations.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "compressors/sketch/sketch_math.h"
+#include "harness/harness.h"
+#include "shoal/compressor.h"
+#include "shoal/shoal.h"
+
+namespace {
+
+using shoal::test::runRanks;
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix(a ^ mix(b ^ mix(c))); }
+double unit(uint64_t h) { return double(h >> 11) * 0x1.0p-53; }  // [0, 1)
+
+uint32_t bitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+using Gen = std::function<float(int rank, size_t i)>;
+
+enum class Overlap { Identical, Disjoint, Independent };
+
+// A random f32: random sign, 24-bit significand, exponent in [lo, hi].
+float randomValue(uint64_t h, int lo, int hi) {
+  uint32_t mant = uint32_t(h & 0xffffffu) | 0x800000u;
+  int e = lo + int((h >> 24) % uint64_t(hi - lo + 1));
+  float v = std::ldexp(float(mant), e - 23);
+  return (h >> 60) & 1 ? -v : v;
+}
+
+Gen sparseGen(uint64_t seed, int n, double density, Overlap overlap, int lo = -20, int hi = 20) {
+  return [=](int r, size_t i) -> float {
+    bool active;
+    switch (overlap) {
+      case Overlap::Identical: active = unit(hash3(seed, 1, i)) < density; break;
+      case Overlap::Disjoint:
+        active = unit(hash3(seed, 1, i)) < density && int(hash3(seed, 2, i) % uint64_t(n)) == r;
+        break;
+      default: active = unit(hash3(seed, 3, i * 1000 + uint64_t(r))) < density; break;
+    }
+    return active ? randomValue(hash3(seed, 4 + uint64_t(r), i), lo, hi) : 0.0f;
+  };
+}
+
+std::vector<float> reference(const Gen& gen, int n, size_t count, shoal_op_t op) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    long double sum = 0;
+    for (int r = 0; r < n; ++r) sum += gen(r, i);
+    if (op == SHOAL_AVG) sum /= n;
+    out[i] = float(sum);
+  }
+  return out;
+}
+
+// One compressed allreduce (out of place) on this rank; checks the output
+// bits against expected (so every rank holds the same bits) and that the input
+// is untouched; rank 0 copies its stats to *stats.
+void runOne(shoal_comm_t comm, int rank, size_t count, const Gen& gen, const std::string& options, shoal_op_t op,
+            const std::vector<float>& expected, const std::string& what, shoal_compress_stats_t* stats) {
+  std::vector<float> in(count), out(count, 12345.0f);
+  for (size_t i = 0; i < count; ++i) in[i] = gen(rank, i);
+  std::vector<float> copy = in;
+  shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+  opts.compressor = "sketch";
+  opts.compressor_options = options.c_str();
+  opts.compress_min_bytes = 0;
+  shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
+  shoal_tensor_t tout = shoal_tensor_1d(out.data(), count, SHOAL_F32);
+  shoal_status_t status = shoal_allreduce_tensor(comm, &tin, &tout, op, &opts);
+  ASSERT_EQ(status, SHOAL_OK) << what << ": " << shoal_last_error(comm);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (bitsOf(out[i]) != bitsOf(expected[i])) {
+      if (++bad <= 3)
+        ADD_FAILURE() << what << ", rank " << rank << ", element " << i << ": got " << out[i] << " (0x" << std::hex
+                      << bitsOf(out[i]) << "), want " << expected[i] << " (0x" << bitsOf(expected[i]) << std::dec
+                      << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ", rank " << rank;
+  EXPECT_TRUE(in == copy) << what << ": input modified";
+  if (rank == 0 && count > 0 && stats != nullptr) {
+    EXPECT_EQ(shoal_last_compress_stats(comm, stats), SHOAL_OK);
+    EXPECT_STREQ(stats->compressor, "sketch") << what;
+  }
+}
+
+struct Result {
+  shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
+};
+
+// runOne on n fresh ranks; returns rank 0's stats.
+Result check(int n, size_t count, const Gen& gen, const std::string& options, shoal_op_t op,
+             const std::vector<float>& expected, const std::string& what) {
+  Result result;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    runOne(comm, rank, count, gen, options, op, expected, what, &result.stats);
+  });
+  return result;
+}
+
+const char* kModes[] = {"values=auto", "values=compact", "values=sketch", "values=dense"};
+
+TEST(Sketch, ExactOverDensitiesOverlapsRanksAndModes) {
+  const double densities[] = {0.00001, 0.001, 0.01, 0.1, 0.5, 1.0};
+  const Overlap overlaps[] = {Overlap::Identical, Overlap::Disjoint, Overlap::Independent};
+  const size_t count = 20011;
+  struct Case {
+    Gen gen;
+    shoal_op_t op;
+    std::vector<float> expected;
+    std::string what;
+  };
+  for (int n : {1, 2, 3, 5, 8}) {
+    std::vector<Case> cases;
+    for (double density : densities)
+      for (Overlap overlap : overlaps) {
+        Gen gen = sparseGen(hash3(n, uint64_t(density * 1e6), int(overlap)), n, density, overlap);
+        for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+          if (op == SHOAL_AVG && (n & (n - 1)) != 0) continue;  // long double avg is exact only for 2^k ranks
+          cases.push_back({gen, op, reference(gen, n, count, op),
+                           std::to_string(n) + " ranks, density " + std::to_string(density) + ", overlap " +
+                               std::to_string(int(overlap)) + (op == SHOAL_AVG ? ", avg" : ", sum")});
+        }
+      }
+    // One communicator set per rank count; every case and mode in turn.
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (const Case& c : cases)
+        for (const char* mode : kModes)
+          runOne(comm, rank, count, c.gen, mode, c.op, c.expected, c.what + ", " + mode, nullptr);
+    });
+  }
+}
+
+TEST(Sketch, QuarterValuesDenseAndAvgAnyRankCount) {
+  // Multiples of 1/4 in +-[0.5, 8]: exact f32 sums, so values=dense really goes dense;
+  // avg is checked for 3 and 5 ranks too, against the exact sum / n rounded once
+  // (computed in double from an exact sum: one rounding to double, then to f32,
+  // can only differ at an exact f32 midpoint, which sum/3 and sum/5 never hit).
+  for (int n : {1, 2, 3, 5, 8}) {
+    Gen gen = [](int r, size_t i) -> float {
+      int q = int(hash3(7, r, i) % 31) + 2;  // 2..32 quarters
+      return ((hash3(8, r, i) & 1) ? -0.25f : 0.25f) * float(q);
+    };
+    const size_t count = 4099;
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      std::vector<float> expected = reference(gen, n, count, op);
+      for (const char* mode : kModes) {
+        Result r = check(n, count, gen, mode, op, expected, std::to_string(n) + " ranks quarter " + mode);
+        if (std::string(mode) == "values=dense" || std::string(mode) == "values=auto") {
+          EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + 24 + count * 4) << mode;  // index + dense f32
+        }
+      }
+    }
+  }
+}
+
+TEST(Sketch, AvgOneLimbAnyRankCount) {
+  // Exponents in [-10, 10]: one limb (span ~45 bits) with large fixed-point sums,
+  // avg over 3, 5, 7 ranks: the long double quotient of a < 60-bit exact sum is
+  // never within 2^-64 of an f32 midpoint unless it is one, so the reference
+  // rounds once too.
+  for (int n : {3, 5, 7}) {
+    Gen gen = sparseGen(hash3(21, n, 0), n, 0.3, Overlap::Independent, -10, 10);
+    const size_t count = 30011;
+    std::vector<float> expected = reference(gen, n, count, SHOAL_AVG);
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (const char* mode : kModes)
+        runOne(comm, rank, count, gen, mode, SHOAL_AVG, expected, std::to_string(n) + " ranks avg " + mode, nullptr);
+    });
+  }
+}
+
+TEST(Sketch, SizesZeroOneAndLarge) {
+  for (int n : {1, 2, 3}) {
+    for (size_t count : {size_t(0), size_t(1)}) {
+      Gen gen = [](int r, size_t) -> float { return float(r + 1) * 0.75f; };
+      for (const char* mode : kModes)
+        check(n, count, gen, mode, SHOAL_SUM, reference(gen, n, count, SHOAL_SUM), "tiny " + std::string(mode));
+    }
+  }
+  const size_t big = 1000003;
+  for (int n : {2, 3}) {
+    for (double density : {0.00001, 0.01, 1.0}) {
+      Gen gen = sparseGen(hash3(99, n, uint64_t(density * 1e6)), n, density, Overlap::Independent);
+      std::vector<float> expected = reference(gen, n, big, SHOAL_SUM);
+      for (const char* mode : {"values=auto", "values=sketch"})
+        check(n, big, gen, mode, SHOAL_SUM, expected, "1000003, density " + std::to_string(density) + " " + mode);
+    }
+  }
+}
+
+TEST(Sketch, TinyNextToHugeAcrossTheF32Range) {
+  // One tensor holding values from the smallest subnormal to FLT_MAX: many limbs.
+  const float values[] = {std::numeric_limits<float>::denorm_min(), 1e-30f, 3.0e38f, -2.5e-7f, 1.0f, 0x1.fffffep127f,
+                          -0x1.fffffep127f, 1e-45f, 7.0f};
+  const size_t count = sizeof values / sizeof values[0];
+  for (int n : {1, 2, 3, 5}) {
+    Gen gen = [&](int r, size_t i) -> float { return (r % 2 == 0 || i % 3 == 0) ? values[i] : 0.0f; };
+    std::vector<float> expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      int k = 0;
+      for (int r = 0; r < n; ++r) k += gen(r, i) != 0.0f;
+      // k copies of the same value: k * v exactly, rounded once (overflow -> inf).
+      expected[i] = float(static_cast<long double>(values[i]) * k);
+    }
+    for (const char* mode : kModes)
+      check(n, count, gen, mode, SHOAL_SUM, expected, std::to_string(n) + " ranks wide range " + mode);
+  }
+}
+
+TEST(Sketch, RoundsOnceBeyondLongDouble) {
+  // Coordinate 0: 1 + 2^-24 + 2^-80 (3 ranks). The exact sum lies just above the
+  // midpoint between 1 and 1 + 2^-23: rounded once it is 1 + 2^-23 (a long
+  // double sum would round 2^-80 away and then tie to even: 1).
+  // Coordinate 1: 1 + 2^-24 exactly: a tie, to even: 1.
+  // Coordinate 2: 2^-149 * 3 (subnormals add exactly): 3 * 2^-149.
+  // Coordinate 3: FLT_MAX + 2^103 (= half an ulp of FLT_MAX): ties to even -> inf.
+  // Coordinate 4: FLT_MAX + 2^103 - 2^-149: below the midpoint: FLT_MAX.
+  const float maxf = 0x1.fffffep127f;
+  const float v[5][3] = {{1.0f, 0x1p-24f, 0x1p-80f},
+                         {1.0f, 0x1p-24f, 0.0f},
+                         {0x1p-149f, 0x1p-149f, 0x1p-149f},
+                         {maxf, 0x1p103f, 0.0f},
+                         {maxf, 0x1p103f, -0x1p-149f}};
+  const std::vector<float> expected = {1.0f + 0x1p-23f, 1.0f, 3 * 0x1p-149f, std::numeric_limits<float>::infinity(),
+                                       maxf};
+  Gen gen = [&](int r, size_t i) -> float { return v[i][r]; };
+  for (const char* mode : kModes) check(3, 5, gen, mode, SHOAL_SUM, expected, std::string("beyond long double ") + mode);
+  // avg with 3 ranks of 1, 1, 2^-60: (2 + 2^-60) / 3 rounded once.
+  Gen gen2 = [](int r, size_t) -> float { return r < 2 ? 1.0f : 0x1p-60f; };
+  const float want = float((2.0L + 0x1p-60L) / 3.0L);  // 2/3 + tiny: far from a midpoint
+  for (const char* mode : kModes) check(3, 1, gen2, mode, SHOAL_AVG, {want}, std::string("avg ") + mode);
+}
+
+TEST(Sketch, InfAndNan) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // rank 0 / rank 1 values per coordinate.
+  const float v[6][2] = {{inf, 1.0f}, {-inf, 0.0f}, {inf, -inf}, {NAN, 2.0f}, {3.0f, 4.0f}, {0.0f, 0.0f}};
+  Gen gen = [&](int r, size_t i) -> float { return v[i][r]; };
+  for (const char* mode : kModes) {
+    runRanks(2, [&](int rank, shoal_comm_t comm) {
+      std::vector<float> in(6), out(6);
+      for (size_t i = 0; i < 6; ++i) in[i] = gen(rank, i);
+      shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+      opts.compressor = "sketch";
+      opts.compressor_options = mode;
+      opts.compress_min_bytes = 0;
+      shoal_tensor_t tin = shoal_tensor_1d(in.data(), 6, SHOAL_F32), tout = shoal_tensor_1d(out.data(), 6, SHOAL_F32);
+      ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
+      EXPECT_EQ(out[0], inf) << mode;
+      EXPECT_EQ(out[1], -inf) << mode;
+      EXPECT_TRUE(std::isnan(out[2])) << mode;
+      EXPECT_TRUE(std::isnan(out[3])) << mode;
+      EXPECT_EQ(out[4], 7.0f) << mode;
+      EXPECT_EQ(bitsOf(out[5]), 0u) << mode;
+    });
+  }
+}
+
+TEST(Sketch, ForcedLeftoversStayExact) {
+  // cells_per_item=1.1 is below the peeling threshold (~1.222): with tens of
+  // thousands of members peeling stalls, and the stalled members travel in a
+  // third round. Still exact.
+  for (int n : {2, 3}) {
+    const size_t count = 200003;
+    Gen gen = sparseGen(hash3(5, 5, n), n, 0.2, Overlap::Independent);
+    std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);
+    Result r = check(n, count, gen, "values=sketch,cells_per_item=1.1", SHOAL_SUM, expected, "leftovers");
+    EXPECT_EQ(r.stats.rounds, 3) << "expected the index, sketch and leftover rounds";
+    // With ample cells, peeling completes: two rounds.
+    r = check(n, count, gen, "values=sketch,cells_per_item=2", SHOAL_SUM, expected, "no leftovers");
+    EXPECT_EQ(r.stats.rounds, 2);
+  }
+}
+
+TEST(Sketch, SeveralStepsVaryTheSeed) {
+  // Same communicator, several calls (op->step changes the hash seed), small |U|
+  // where stalls are likely with 1.1 cells per item: exact every time.
+  const size_t count = 1000;
+  runRanks(3, [&](int rank, shoal_comm_t comm) {
+    for (int step = 0; step < 20; ++step) {
+      Gen gen = sparseGen(hash3(11, step, 0), 3, 0.02, Overlap::Independent);
+      std::vector<float> expected = reference(gen, 3, count, SHOAL_SUM);
+      std::vector<float> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = gen(rank, i);
+      shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+      opts.compressor = "sketch";
+      opts.compressor_options = "values=sketch,cells_per_item=1.1";
+      opts.compress_min_bytes = 0;
+      shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
+      shoal_tensor_t tout = shoal_tensor_1d(out.data(), count, SHOAL_F32);
+      ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(bitsOf(out[i]), bitsOf(expected[i])) << "step " << step << " i " << i;
+    }
+  });
+}
+
+TEST(Sketch, PayloadSmallerThanDenseAtOnePercent) {
+  const size_t count = 100003;
+  for (int n : {2, 5}) {
+    Gen gen = sparseGen(hash3(3, 3, n), n, 0.01, Overlap::Identical);
+    std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);
+    for (const char* mode : {"values=auto", "values=compact", "values=sketch"}) {
+      Result r = check(n, count, gen, mode, SHOAL_SUM, expected, std::string("payload ") + mode);
+      EXPECT_LT(r.stats.payload_bytes, count * 4 / 4) << mode << ": not 4x smaller than dense f32";
+      EXPECT_GT(r.stats.payload_bytes, 0u);
+    }
+  }
+}
+
+TEST(Sketch, OptionsRefusedWithText) {
+  runRanks(2, [](int, shoal_comm_t comm) {
+    float data[4] = {1, 2, 3, 4};
+    shoal_tensor_t t = shoal_tensor_1d(data, 4, SHOAL_F32);
+    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    opts.compressor = "sketch";
+    opts.compress_min_bytes = 0;
+    for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1"}) {
+      opts.compressor_options = bad;
+      EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT) << bad;
+      std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+      EXPECT_NE(std::string(shoal_last_error(comm)).find(key), std::string::npos) << shoal_last_error(comm);
+    }
+    opts.compressor_options = "values=compact,cells_per_item=1.5";
+    EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(data[3], 8.0f);
+  });
+}
+
+TEST(Sketch, TableDeclaresExactLossless) {
+  const shoal_compressor_t* table = nullptr;
+  ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
+  EXPECT_EQ(table->error_kind, SHOAL_ERROR_EXACT);
+  EXPECT_TRUE(table->caps & SHOAL_CAP_LOSSLESS);
+  EXPECT_TRUE(table->caps & SHOAL_CAP_HOMOMORPHIC);
+  EXPECT_EQ(table->dtypes, 1u << SHOAL_F32);
+}
+
+// The table driven directly, n ranks simulated in lockstep (payloads reduced
+// here: u64 sums wrap, f32 sums in rank order, BOR, MAX), with a fused call of
+// several tensors that take different paths in one operation: dense (quarter
+// values), compact, empty, wide range (several limbs), Inf, count 0.
+struct SimRank {
+  void* state = nullptr;
+  std::vector<std::vector<float>> in, out;
+  std::vector<shoal_compress_tensor_t> tensors;
+  shoal_compress_op_t op{};
+  shoal_round_t round{};
+  char error[256] = {};
+};
+
+void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector<std::vector<Gen>>& gens,
+              const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds) {
+  const shoal_compressor_t* table = nullptr;
+  ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
+  std::vector<std::string> keys, values;
+  std::string text = options;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t comma = text.find(',', pos);
+    std::string kv = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    keys.push_back(kv.substr(0, kv.find('=')));
+    values.push_back(kv.substr(kv.find('=') + 1));
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+  }
+  std::vector<const char*> kp, vp;
+  for (size_t i = 0; i < keys.size(); ++i) kp.push_back(keys[i].c_str()), vp.push_back(values[i].c_str());
+  char err[256] = {};
+  shoal_compressor_params_t params{sizeof params, int(kp.size()), kp.data(), vp.data(), nullptr, err, sizeof err};
+  void* instance = nullptr;
+  ASSERT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
+  std::vector<SimRank> ranks(n);
+  const int T = int(counts.size());
+  for (int r = 0; r < n; ++r) {
+    SimRank& R = ranks[r];
+    R.in.resize(T);
+    R.out.resize(T);
+    R.tensors.resize(T);
+    for (int t = 0; t < T; ++t) {
+      R.in[t].resize(counts[t]);
+      R.out[t].assign(counts[t], 999.0f);
+      for (size_t i = 0; i < counts[t]; ++i) R.in[t][i] = gens[t][0](r, i);
+      R.tensors[t].input = shoal_tensor_1d(R.in[t].data(), counts[t], SHOAL_F32);
+      R.tensors[t].output = shoal_tensor_1d(R.out[t].data(), counts[t], SHOAL_F32);
+    }
+    R.op.struct_size = sizeof R.op;
+    R.op.rank = r;
+    R.op.world_size = n;
+    R.op.op = reduceOp;
+    R.op.num_tensors = T;
+    R.op.tensors = R.tensors.data();
+    R.op.step = 3;
+    R.op.error_text = R.error;
+    R.op.error_text_size = sizeof R.error;
+    ASSERT_EQ(table->start(instance, &R.op, &R.state), SHOAL_OK) << R.error;
+    R.round.struct_size = sizeof R.round;
+  }
+  for (int index = 0;; ++index) {
+    for (SimRank& R : ranks) {
+      R.round.index = index;
+      ASSERT_EQ(table->round(instance, R.state, &R.op, &R.round), SHOAL_OK) << R.error;
+    }
+    for (SimRank& R : ranks) ASSERT_EQ(R.round.done, ranks[0].round.done);
+    if (ranks[0].round.done) {
+      *rounds = index;
+      break;
+    }
+    ASSERT_LT(index, 5);
+    for (int p = 0; p < ranks[0].round.num_payloads; ++p) {
+      const shoal_payload_t& P0 = ranks[0].round.payloads[p];
+      for (SimRank& R : ranks) {
+        ASSERT_EQ(R.round.num_payloads, ranks[0].round.num_payloads);
+        ASSERT_EQ(R.round.payloads[p].count, P0.count);
+        ASSERT_EQ(R.round.payloads[p].dtype, P0.dtype);
+        ASSERT_EQ(R.round.payloads[p].op, P0.op);
+        ASSERT_EQ(R.round.payloads[p].collective, SHOAL_COLLECTIVE_ALLREDUCE);
+      }
+      for (size_t i = 0; i < P0.count; ++i) {
+        if (P0.dtype == SHOAL_F32) {
+          ASSERT_EQ(P0.op, SHOAL_SUM);
+          float acc = 0;
+          for (SimRank& R : ranks) acc += static_cast<float*>(R.round.payloads[p].buffer)[i];
+          for (SimRank& R : ranks) static_cast<float*>(R.round.payloads[p].buffer)[i] = acc;
+        } else {
+          ASSERT_EQ(P0.dtype, SHOAL_U64);
+          uint64_t acc = P0.op == SHOAL_SUM || P0.op == SHOAL_BOR || P0.op == SHOAL_MAX ? 0 : 1;
+          for (SimRank& R : ranks) {
+            uint64_t v = static_cast<uint64_t*>(R.round.payloads[p].buffer)[i];
+            acc = P0.op == SHOAL_SUM ? acc + v : P0.op == SHOAL_BOR ? (acc | v) : std::max(acc, v);
+          }
+          for (SimRank& R : ranks) static_cast<uint64_t*>(R.round.payloads[p].buffer)[i] = acc;
+        }
+      }
+    }
+  }
+  for (SimRank& R : ranks) table->finish(instance, R.state);
+  table->destroy(instance);
+  outputs->clear();
+  for (int t = 0; t < T; ++t) {
+    for (int r = 1; r < n; ++r)
+      ASSERT_TRUE(ranks[r].out[t] == ranks[0].out[t]);
+    outputs->push_back(ranks[0].out[t]);
+  }
+}
+
+TEST(Sketch, FusedTensorsThroughTheTable) {
+  const int n = 4;
+  Gen quarters = [](int r, size_t i) -> float { return 0.25f * float(int(hash3(1, r, i) % 64) - 32); };
+  Gen sparse = sparseGen(77, n, 0.01, Overlap::Independent);
+  Gen empty = [](int, size_t) -> float { return 0.0f; };
+  Gen wide = [](int r, size_t i) -> float { return i % 2 ? 0x1p-140f * float(r + 1) : 0x1p120f * float(r + 1); };
+  Gen inf = [](int r, size_t i) -> float { return i == 3 && r == 1 ? std::numeric_limits<float>::infinity() : 1.5f; };
+  const std::vector<std::vector<Gen>> gens = {{quarters}, {sparse}, {empty}, {wide}, {inf}, {empty}};
+  const std::vector<size_t> counts = {1000, 5000, 300, 64, 10, 0};
+  for (const char* options : {"values=auto", "values=sketch,cells_per_item=1.1", "values=compact"}) {
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      std::vector<std::vector<float>> outputs;
+      int rounds = 0;
+      simulate(options, n, op, gens, counts, &outputs, &rounds);
+      if (HasFatalFailure()) return;
+      ASSERT_EQ(outputs.size(), counts.size());
+      EXPECT_GE(rounds, 2);
+      for (size_t t = 0; t < counts.size(); ++t) {
+        std::vector<float> want = reference(gens[t][0], n, counts[t], op);
+        for (size_t i = 0; i < counts[t]; ++i)
+          ASSERT_EQ(bitsOf(outputs[t][i]), bitsOf(want[i])) << options << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(SketchMath, OneLimbFastPathMatchesBigPath) {
+  // decodeOneLimb (128-bit) against the 512-bit path, sum and avg, over scales
+  // that reach subnormals, overflow and zero.
+  for (uint64_t s = 0; s < 200000; ++s) {
+    int64_t S = int64_t(mix(s)) >> (mix(s + 1) % 64);
+    int Q = int(mix(s + 2) % 400) - 260;
+    int n = 1 + int(mix(s + 3) % 9);
+    shoal::sketch::Big b;
+    shoal::sketch::bigZero(b);
+    shoal::sketch::bigAddShifted(b, S, 0);
+    bool negative = shoal::sketch::bigNegative(b);
+    if (negative) shoal::sketch::bigNegate(b);
+    bool sticky = false;
+    int q = Q;
+    if (n > 1 && shoal::sketch::bigTop(b) >= 0) {
+      sticky = shoal::sketch::bigShiftDivide(b, uint64_t(n));
+      q -= 64;
+    }
+    float slow = shoal::sketch::roundToFloat(b, q, sticky, negative);
+    float fast = shoal::sketch::decodeOneLimb(S, Q, n);
+    ASSERT_EQ(bitsOf(fast), bitsOf(slow)) << "S " << S << " Q " << Q << " n " << n;
+    if (n == 1 || n == 2 || n == 4 || n == 8) {  // exact in long double: check the value too
+      float want = float(std::ldexp(static_cast<long double>(S), Q) / n);
+      if (S == 0) want = 0.0f;
+      ASSERT_EQ(bitsOf(fast), bitsOf(want)) << "S " << S << " Q " << Q << " n " << n;
+    }
+  }
+}
+
+TEST(SketchMath, RoundToFloatMatchesCastsOnIntegers) {
+  // Big integers of up to 64 bits at many scales: roundToFloat == the correctly
+  // rounded conversion (long double holds a 64-bit integer exactly; ldexp exact).
+  for (uint64_t s = 0; s < 20000; ++s) {
+    uint64_t v = mix(s) >> (s % 64);
+    int Q = int(mix(s + 7) % 300) - 200;
+    shoal::sketch::Big b;
+    shoal::sketch::bigZero(b);
+    shoal::sketch::bigAddShifted(b, int64_t(v >> 1), 1);
+    shoal::sketch::bigAddShifted(b, int64_t(v & 1), 0);
+    float got = shoal::sketch::roundToFloat(b, Q, false, false);
+    float want = float(std::ldexp(static_cast<long double>(v), Q));
+    ASSERT_EQ(bitsOf(got), bitsOf(want)) << "v " << v << " Q " << Q;
+  }
+}
+
+}  // namespace
