@@ -41,16 +41,20 @@ void checkUcs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) fail(SHOAL_ERR_SYSTEM, "UCX {} failed: {}", what, ucs_status_string(status));
 }
 
-// Identifies this host and PID namespace: peers with the same identity can
-// share memory and see each other's /proc entries.
+// Identifies this host, PID namespace and network namespace: peers with the
+// same identity share memory and see each other's /proc entries. Ranks in
+// different network namespaces (emulated hosts, bench/netns) count as
+// different hosts, so their traffic crosses the emulated network.
 std::string hostIdentity() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   std::string bootId;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
-  struct stat namespaceInfo {};
-  stat("/proc/self/ns/pid", &namespaceInfo);
-  return fmt::format("{}/{}/{}", host, bootId, static_cast<unsigned long>(namespaceInfo.st_ino));
+  struct stat pidNamespace {}, netNamespace {};
+  stat("/proc/self/ns/pid", &pidNamespace);
+  stat("/proc/self/ns/net", &netNamespace);
+  return fmt::format("{}/{}/{}/{}", host, bootId, static_cast<unsigned long>(pidNamespace.st_ino),
+                     static_cast<unsigned long>(netNamespace.st_ino));
 }
 
 // False once the process has exited (gone, or a zombie not yet reaped).
