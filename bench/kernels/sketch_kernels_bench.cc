@@ -1,0 +1,344 @@
+// sketch-kernels-bench: Google Benchmark throughput of the CPU building blocks of
+// the lossless `sketch` compressor (compressors/sketch), one rank, no
+// communication, next to memcpy of the same bytes on the same machine.
+//
+//   build/bin/sketch-kernels-bench --benchmark_min_time=0.2
+//
+// Input: n = 2^22 f32 (16 MiB), density d in {0.1%, 1%, 10%} at random
+// positions, values signed multiples of 2^-12 in (-1, 1) (as shoal-bench's
+// checked inputs: one 64-bit limb, K = 1). Every benchmark reports GB/s of the
+// DENSE f32 input (4 n bytes per iteration / time, 1 GB = 1e9 B), so the
+// numbers compare directly with BM_Memcpy.
+//
+// The kernels are the per-element functions of sketch_math.h (bitmapSet,
+// decompose, addLimbs, cellOf, decodeOneLimb) in the loops of sketch.cc, which
+// keeps them in an anonymous namespace: the loops below mirror encodeIndex,
+// encodeValues, peel, decodeKnown/writeOutputs line by line (peel is a copy).
+// BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
+// on a 1-rank op, where every reduction is the identity: it is the true code
+// path, all rounds' CPU work, without the collectives.
+#include <benchmark/benchmark.h>
+#include <shoal/compressor.h>
+#include <shoal/shoal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "compressors/sketch/sketch_math.h"
+
+namespace shoal::compressors {
+const shoal_compressor_t* sketch();
+}
+
+namespace {
+
+using namespace shoal::sketch;
+
+constexpr size_t kCount = size_t(1) << 22;
+constexpr double kBytes = 4.0 * double(kCount);
+
+// density in 1/1000 (benchmark args are integers)
+struct Data {
+  std::vector<float> x;
+  std::vector<uint64_t> bitmap;   // filled
+  std::vector<uint64_t> members;  // U, ascending
+  int Q = 0, T = 0, L = 63, K = 1;
+};
+
+const Data& data(int permille) {
+  static Data cache[1001];
+  static bool ready[1001] = {};
+  Data& d = cache[permille];
+  if (ready[permille]) return d;
+  ready[permille] = true;
+  std::mt19937_64 rng(1234 + permille);
+  d.x.assign(kCount, 0.0f);
+  const double p = permille / 1000.0;
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::uniform_int_distribution<int> val(1, 4095);
+  for (size_t i = 0; i < kCount; ++i)
+    if (uni(rng) < p) d.x[i] = float((rng() & 1) ? -val(rng) : val(rng)) * 0x1p-12f;
+  d.bitmap.assign(kCount / 64, 0);
+  int top = -1000, lowest = 1000;
+  for (size_t i = 0; i < kCount; ++i) {
+    if (d.x[i] == 0.0f) continue;
+    bitmapSet(d.bitmap.data(), i);
+    d.members.push_back(i);
+    FloatParts fp = decompose(d.x[i]);
+    top = std::max(top, fp.top);
+    lowest = std::min(lowest, fp.lowest);
+  }
+  d.T = top;
+  d.Q = lowest;
+  d.L = 63;  // one rank: c = 0
+  d.K = (d.T - d.Q + 1 + d.L - 1) / d.L;
+  return d;
+}
+
+void setRate(benchmark::State& state, size_t members) {
+  state.counters["GB/s"] = benchmark::Counter(kBytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["members"] = double(members);
+}
+
+// ---- memcpy of the same 16 MiB --------------------------------------------------------
+void BM_Memcpy(benchmark::State& state) {
+  std::vector<float> src(kCount, 1.0f), dst(kCount, 0.0f);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), kCount * sizeof(float));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  setRate(state, kCount);
+}
+
+// ---- encode -------------------------------------------------------------------------------
+// Round 0 (encodeIndex): zero the bitmap, set a bit per nonzero, exponent statistics.
+void BM_BitmapBuild(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  std::vector<uint64_t> bits(kCount / 64);
+  for (auto _ : state) {
+    std::fill(bits.begin(), bits.end(), 0);
+    const float* x = d.x.data();
+    int top = -1000, lowest = 1000;
+    bool nonfinite = false;
+    for (size_t i = 0; i < kCount; ++i) {
+      if ((shoal::ops::floatBits(x[i]) & 0x7fffffffu) == 0) continue;
+      bitmapSet(bits.data(), i);
+      if (!isFinite(x[i])) {
+        nonfinite = true;
+        continue;
+      }
+      FloatParts p = decompose(x[i]);
+      top = std::max(top, p.top);
+      lowest = std::min(lowest, p.lowest);
+    }
+    benchmark::DoNotOptimize(top);
+    benchmark::DoNotOptimize(lowest);
+    benchmark::DoNotOptimize(nonfinite);
+    benchmark::DoNotOptimize(bits.data());
+  }
+  setRate(state, d.members.size());
+}
+
+// After round 0 (encodeValues): the union bitmap to the member list U.
+void BM_SupportCompaction(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  for (auto _ : state) {
+    std::vector<uint64_t> members;  // as sketch.cc: a fresh vector, push_back
+    for (size_t k = 0; k < d.bitmap.size(); ++k)
+      for (uint64_t word = d.bitmap[k]; word; word &= word - 1) members.push_back(k * 64 + __builtin_ctzll(word));
+    benchmark::DoNotOptimize(members.data());
+  }
+  setRate(state, d.members.size());
+}
+
+// values=compact: the members' fixed-point limbs, in U's order.
+void BM_EncodeCompact(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  const size_t u = d.members.size();
+  std::vector<uint64_t> values;
+  for (auto _ : state) {
+    values.assign(size_t(d.K) * u, 0);
+    for (size_t p = 0; p < u; ++p) addLimbs(d.x[d.members[p]], d.Q, d.L, d.K, values.data() + p, u);
+    benchmark::DoNotOptimize(values.data());
+  }
+  setRate(state, u);
+}
+
+size_t sketchPart(size_t u) { return std::max<size_t>(1, size_t(std::ceil(1.3 * double(u) / 3.0))); }
+constexpr uint64_t kSeed = 0x1234567887654321ull;
+
+void scatter(const Data& d, size_t part, std::vector<uint64_t>& values) {
+  const size_t cells = 3 * part;
+  values.assign(size_t(d.K) * cells, 0);
+  for (size_t p = 0; p < d.members.size(); ++p) {
+    const uint64_t i = d.members[p];
+    for (int j = 0; j < 3; ++j) addLimbs(d.x[i], d.Q, d.L, d.K, values.data() + cellOf(i, kSeed, j, part), cells);
+  }
+}
+
+// values=sketch: each member's limbs added to its 3 cells (cells_per_item 1.3).
+void BM_SketchScatter(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  const size_t part = sketchPart(d.members.size());
+  std::vector<uint64_t> values;
+  for (auto _ : state) {
+    scatter(d, part, values);
+    benchmark::DoNotOptimize(values.data());
+  }
+  setRate(state, d.members.size());
+}
+
+// ---- decode -------------------------------------------------------------------------------
+// A copy of sketch.cc's peel(): counts/XORs from U, then peel cells of count 1.
+size_t peel(const std::vector<uint64_t>& members, uint64_t part, int K, const uint64_t* summed,
+            std::vector<uint64_t>& limbsOut) {
+  const size_t u = members.size(), cells = 3 * part;
+  struct Cell {
+    uint64_t limb0, indexXor, positionXor, count;
+  };
+  std::vector<Cell> cell(cells);
+  for (size_t cc = 0; cc < cells; ++cc) cell[cc] = Cell{summed[cc], 0, 0, 0};
+  std::vector<uint64_t> upper(summed + cells, summed + size_t(K) * cells);
+  for (size_t p = 0; p < u; ++p) {
+    const uint64_t index = members[p];
+    for (int j = 0; j < 3; ++j) {
+      Cell& c = cell[cellOf(index, kSeed, j, part)];
+      ++c.count;
+      c.indexXor ^= index;
+      c.positionXor ^= p;
+    }
+  }
+  struct Recovered {
+    uint64_t position, limb0;
+  };
+  std::vector<Recovered> log;
+  std::vector<uint64_t> logUpper;
+  log.reserve(u);
+  std::vector<uint64_t> queue;
+  for (size_t cc = 0; cc < cells; ++cc)
+    if (cell[cc].count == 1) queue.push_back(cc);
+  uint64_t mine[16];
+  while (!queue.empty()) {
+    const uint64_t cc = queue.back();
+    queue.pop_back();
+    if (cell[cc].count != 1) continue;
+    const uint64_t index = cell[cc].indexXor, v0 = cell[cc].limb0;
+    log.push_back({cell[cc].positionXor, v0});
+    for (int k = 1; k < K; ++k) logUpper.push_back(mine[k] = upper[size_t(k - 1) * cells + cc]);
+    for (int j = 0; j < 3; ++j) {
+      const uint64_t dd = cellOf(index, kSeed, j, part);
+      Cell& c = cell[dd];
+      c.limb0 -= v0;
+      for (int k = 1; k < K; ++k) upper[size_t(k - 1) * cells + dd] -= mine[k];
+      --c.count;
+      c.indexXor ^= index;
+      c.positionXor ^= log.back().position;
+      if (c.count == 1) queue.push_back(dd);
+    }
+  }
+  limbsOut.assign(size_t(K) * u, 0);
+  for (size_t e = 0; e < log.size(); ++e) {
+    limbsOut[log[e].position] = log[e].limb0;
+    for (int k = 1; k < K; ++k) limbsOut[size_t(k) * u + log[e].position] = logUpper[e * size_t(K - 1) + size_t(k - 1)];
+  }
+  return log.size();
+}
+
+void BM_PeelDecode(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  const size_t part = sketchPart(d.members.size());
+  std::vector<uint64_t> summed, limbs;
+  scatter(d, part, summed);
+  size_t recovered = 0;
+  for (auto _ : state) {
+    recovered = peel(d.members, part, d.K, summed.data(), limbs);
+    benchmark::DoNotOptimize(limbs.data());
+  }
+  setRate(state, d.members.size());
+  state.counters["recovered"] = double(recovered) / double(std::max<size_t>(1, d.members.size()));
+}
+
+// values=compact decode: each member's limb sum to f32 (rounded once), then the
+// dense output: zero it and scatter the members (writeOutputs).
+void BM_DecodeCompact(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  const size_t u = d.members.size();
+  std::vector<uint64_t> limbs(u);
+  for (size_t p = 0; p < u; ++p) addLimbs(d.x[d.members[p]], d.Q, d.L, d.K, limbs.data() + p, u);
+  std::vector<float> result(u), out(kCount);
+  for (auto _ : state) {
+    for (size_t p = 0; p < u; ++p) result[p] = decodeOneLimb(static_cast<int64_t>(limbs[p]), d.Q, 1);
+    std::memset(out.data(), 0, kCount * sizeof(float));
+    for (size_t p = 0; p < u; ++p) out[d.members[p]] = result[p];
+    benchmark::DoNotOptimize(out.data());
+  }
+  if (u && out[d.members[0]] != d.x[d.members[0]]) state.SkipWithError("decode mismatch");
+  setRate(state, u);
+}
+
+// ---- the real compressor, one rank --------------------------------------------------------
+void pipeline(benchmark::State& state, const char* mode) {
+  const Data& d = data(int(state.range(0)));
+  const shoal_compressor_t* c = shoal::compressors::sketch();
+  const char* keys[] = {"values"};
+  const char* vals[] = {mode};
+  char err[256] = {};
+  shoal_compressor_params_t params{};
+  params.struct_size = sizeof params;
+  params.num_options = 1;
+  params.keys = keys;
+  params.values = vals;
+  params.error_text = err;
+  params.error_text_size = sizeof err;
+  void* inst = nullptr;
+  if (c->create(&params, &inst) != SHOAL_OK) {
+    state.SkipWithError(err);
+    return;
+  }
+  std::vector<float> out(kCount);
+  shoal_compress_tensor_t t{};
+  t.input = shoal_tensor_1d(const_cast<float*>(d.x.data()), kCount, SHOAL_F32);
+  t.output = shoal_tensor_1d(out.data(), kCount, SHOAL_F32);
+  shoal_compress_op_t op{};
+  op.struct_size = sizeof op;
+  op.rank = 0;
+  op.world_size = 1;
+  op.op = SHOAL_SUM;
+  op.num_tensors = 1;
+  op.tensors = &t;
+  op.error_text = err;
+  op.error_text_size = sizeof err;
+  double sent = 0;
+  int rounds = 0;
+  for (auto _ : state) {
+    void* os = nullptr;
+    if (c->start(inst, &op, &os) != SHOAL_OK) {
+      state.SkipWithError(err);
+      break;
+    }
+    shoal_round_t r{};
+    r.struct_size = sizeof r;
+    sent = 0;
+    for (r.index = 0; !r.done; ++r.index) {  // 1 rank: every allreduce is the identity
+      if (c->round(inst, os, &op, &r) != SHOAL_OK) {
+        state.SkipWithError(err);
+        break;
+      }
+      for (int p = 0; p < r.num_payloads; ++p) sent += double(r.payloads[p].count) * (r.payloads[p].dtype == SHOAL_F32 ? 4 : 8);
+    }
+    rounds = r.index;
+    c->finish(inst, os);
+    ++op.step;
+    benchmark::DoNotOptimize(out.data());
+  }
+  if (std::memcmp(out.data(), d.x.data(), kCount * sizeof(float)) != 0) state.SkipWithError("output != input");
+  c->destroy(inst);
+  setRate(state, d.members.size());
+  state.counters["ratio"] = kBytes / std::max(1.0, sent);
+  state.counters["rounds"] = rounds;
+}
+void BM_Pipeline_Compact(benchmark::State& state) { pipeline(state, "compact"); }
+void BM_Pipeline_Sketch(benchmark::State& state) { pipeline(state, "sketch"); }
+
+void densities(benchmark::internal::Benchmark* b) {
+  b->ArgName("permille")->Arg(1)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_BitmapBuild)->Apply(densities);
+BENCHMARK(BM_SupportCompaction)->Apply(densities);
+BENCHMARK(BM_EncodeCompact)->Apply(densities);
+BENCHMARK(BM_SketchScatter)->Apply(densities);
+BENCHMARK(BM_PeelDecode)->Apply(densities);
+BENCHMARK(BM_DecodeCompact)->Apply(densities);
+BENCHMARK(BM_Pipeline_Compact)->Apply(densities);
+BENCHMARK(BM_Pipeline_Sketch)->Apply(densities);
+
+BENCHMARK_MAIN();
