@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/common/text.h"
 #include "compressors/powersgd/powersgd_math.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
@@ -81,15 +82,6 @@ constexpr const char* kOptionsHelp =
     "start_iter=<int >= 0>: plain allreduce while the communicator's compressed-call step is below it (default 0); "
     "min_compression_rate=<float >= 0>: compress a [rows x cols] tensor only if (rows+cols)*r*rate < rows*cols, "
     "others go dense (default 2); seed=<uint64>: seed of the initial Q (default 0). f32 only; tensors need a name";
-
-void writeText(char* text, size_t size, const char* format, ...) __attribute__((format(printf, 3, 4)));
-void writeText(char* text, size_t size, const char* format, ...) {
-  if (text == nullptr || size == 0) return;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(text, size, format, args);
-  va_end(args);
-}
 
 struct Instance {
   std::vector<std::vector<float>> scratch;  // ef=0: M per tensor of a call, reused across calls
@@ -526,23 +518,12 @@ shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, si
   return SHOAL_OK;
 }
 
-void logWarning(const Instance& instance, const char* format, ...) __attribute__((format(printf, 2, 3)));
-void logWarning(const Instance& instance, const char* format, ...) {
-  if (instance.log == nullptr) return;
-  char text[256];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(text, sizeof text, format, args);
-  va_end(args);
-  instance.log(1, text);
-}
-
 shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const void* buffer, size_t bytes) {
   const auto& instance = *static_cast<const Instance*>(instancePointer);
   if (statePointer == nullptr || buffer == nullptr) return SHOAL_ERR_INVALID_ARGUMENT;
   uint64_t trailer[kTrailerWords];
   if (bytes < sizeof trailer) {
-    logWarning(instance, "powersgd: a state of %zu bytes is too short (at least %zu)", bytes, sizeof trailer);
+    logText(instance.log, 1, "powersgd: a state of %zu bytes is too short (at least %zu)", bytes, sizeof trailer);
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
   const auto* in = static_cast<const unsigned char*>(buffer);
@@ -550,7 +531,7 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
   const uint64_t count = trailer[0], cols = trailer[1], r = trailer[2];
   if (r > kMaxRank || (cols != 0 && r == 0) || count > (bytes / sizeof(float)) ||
       cols > (bytes / sizeof(float)) || sizeof(float) * (count + cols * r) + sizeof trailer != bytes) {
-    logWarning(instance, "powersgd: a state of %zu bytes does not match its trailer (count %llu, Q %llu x %llu)",
+    logText(instance.log, 1, "powersgd: a state of %zu bytes does not match its trailer (count %llu, Q %llu x %llu)",
                bytes, static_cast<unsigned long long>(count), static_cast<unsigned long long>(cols),
                static_cast<unsigned long long>(r));
     return SHOAL_ERR_INVALID_ARGUMENT;
@@ -558,7 +539,7 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
   auto* existing = static_cast<TensorState*>(*statePointer);
   if (existing != nullptr && existing->typed && (existing->count != count || existing->cols != cols ||
                                                  existing->r != static_cast<int>(r))) {
-    logWarning(instance, "powersgd: the tensor's state has %zu elements and Q [%zu x %d]; the loaded one %llu and "
+    logText(instance.log, 1, "powersgd: the tensor's state has %zu elements and Q [%zu x %d]; the loaded one %llu and "
                "[%llu x %llu]", existing->count, existing->cols, existing->r,
                static_cast<unsigned long long>(count), static_cast<unsigned long long>(cols),
                static_cast<unsigned long long>(r));

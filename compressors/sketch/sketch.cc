@@ -82,6 +82,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/common/text.h"
 #include "compressors/sketch/sketch_math.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
@@ -95,15 +96,6 @@ constexpr const char* kOptionsHelp =
     "values=auto|compact|sketch|dense: how the values at the union of supports travel (default auto: dense f32 "
     "when exact and smaller, else compact); cells_per_item=<float in [1.1, 64]>: sketch cells per union member "
     "(default 1.3)";
-
-void writeText(char* text, size_t size, const char* format, ...) __attribute__((format(printf, 3, 4)));
-void writeText(char* text, size_t size, const char* format, ...) {
-  if (text == nullptr || size == 0) return;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(text, size, format, args);
-  va_end(args);
-}
 
 enum class Mode { Auto, Compact, Sketch, Dense, None };
 

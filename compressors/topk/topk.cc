@@ -51,6 +51,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compressors/common/text.h"
 #include "compressors/topk/topk_math.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
@@ -64,16 +65,7 @@ constexpr const char* kOptionsHelp =
     "k=<int >= 1>: elements kept per tensor (capped at its size); "
     "ratio=<float in (0,1]>: keep max(1, ceil(ratio * count)) per tensor (default 0.01; not together with k); "
     "ef=0|1: error feedback, the unsent rest is added to the next call's tensor of the same name (default 1). "
-    "Tensors need a name (also with ef=0, for now)";
-
-void writeText(char* text, size_t size, const char* format, ...) __attribute__((format(printf, 3, 4)));
-void writeText(char* text, size_t size, const char* format, ...) {
-  if (text == nullptr || size == 0) return;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(text, size, format, args);
-  va_end(args);
-}
+    "With ef=1 tensors need a name.";
 
 // Selection scratch of an instance, reused across calls (an instance is used by one thread at a time).
 struct Scratch {
@@ -502,26 +494,15 @@ shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, si
   return SHOAL_OK;
 }
 
-void logWarning(const Instance& instance, const char* format, ...) __attribute__((format(printf, 2, 3)));
-void logWarning(const Instance& instance, const char* format, ...) {
-  if (instance.log == nullptr) return;
-  char text[256];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(text, sizeof text, format, args);
-  va_end(args);
-  instance.log(1, text);
-}
-
 shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const void* buffer, size_t bytes) {
   const auto& instance = *static_cast<const Instance*>(instancePointer);
   if (statePointer == nullptr || (buffer == nullptr && bytes > 0)) return SHOAL_ERR_INVALID_ARGUMENT;
   if (!instance.ef) {
-    logWarning(instance, "topk: ef=0 keeps no state; nothing to load");
+    logText(instance.log, 1, "topk: ef=0 keeps no state; nothing to load");
     return SHOAL_ERR_UNSUPPORTED;
   }
   if (bytes % sizeof(float) != 0) {
-    logWarning(instance, "topk: a state of %zu bytes is no error vector of f32 or f64 elements", bytes);
+    logText(instance.log, 1, "topk: a state of %zu bytes is no error vector of f32 or f64 elements", bytes);
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
   auto* state = static_cast<TensorState*>(*statePointer);
@@ -534,10 +515,10 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
   }
   if (bytes != state->bytes) {
     if (state->typed)
-      logWarning(instance, "topk: the tensor's error vector has %zu elements of %s (%zu bytes); got %zu bytes",
+      logText(instance.log, 1, "topk: the tensor's error vector has %zu elements of %s (%zu bytes); got %zu bytes",
                  state->count, shoal_dtype_name(state->dtype), state->bytes, bytes);
     else
-      logWarning(instance, "topk: the tensor's loaded state has %zu bytes; got %zu bytes", state->bytes, bytes);
+      logText(instance.log, 1, "topk: the tensor's loaded state has %zu bytes; got %zu bytes", state->bytes, bytes);
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
   if (bytes > 0) std::memcpy(state->data, buffer, bytes);
