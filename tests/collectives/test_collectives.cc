@@ -39,6 +39,7 @@
 
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
+#include "harness/rank_sync.h"
 
 namespace {
 
@@ -183,43 +184,6 @@ bool checkElements(const std::string& what, const DType& t, const uint8_t* got, 
   return false;
 }
 
-bool callOk(shoal_status_t status, shoal_comm_t comm, const std::string& what) {
-  if (status == SHOAL_OK) return true;
-  ADD_FAILURE() << what << ": " << shoal_status_string(status) << ": " << shoal_last_error(comm);
-  return false;
-}
-
-// A barrier between the rank threads of one test, for sharing expected values
-// and results. It gives up (and fails the test) instead of hanging when a rank
-// stopped early.
-class RankBarrier {
- public:
-  explicit RankBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (broken_) return;
-    uint64_t generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, std::chrono::seconds(300), [&] { return generation_ != generation || broken_; })) {
-      broken_ = true;
-      cv_.notify_all();
-      ADD_FAILURE() << "test barrier timed out: a rank stopped early";
-    }
-  }
-
- private:
-  int n_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool broken_ = false;
-};
 
 std::string caseName(const char* collective, const DType& t, const char* op, size_t count, bool inPlace, int rank) {
   std::ostringstream out;

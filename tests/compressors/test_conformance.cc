@@ -75,6 +75,7 @@
 
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
+#include "harness/rank_sync.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
 
@@ -165,46 +166,6 @@ long double inputValue(const DType& t, bool dyadic, uint64_t salt, int rank, siz
 
 // ---- helpers ----------------------------------------------------------------------
 
-bool callOk(shoal_status_t status, shoal_comm_t comm, const std::string& what) {
-  if (status == SHOAL_OK) return true;
-  ADD_FAILURE() << what << ": " << shoal_status_string(status) << ": " << shoal_last_error(comm);
-  return false;
-}
-
-// A barrier between the rank threads of one test. It gives up (and fails the
-// test) instead of hanging when a rank stopped early.
-class RankBarrier {
- public:
-  explicit RankBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (broken_) return;
-    uint64_t generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, std::chrono::seconds(300), [&] { return generation_ != generation || broken_; })) {
-      broken_ = true;
-      cv_.notify_all();
-      ADD_FAILURE() << "test barrier timed out: a rank stopped early";
-    }
-  }
-  bool broken() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return broken_;
-  }
-
- private:
-  int n_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool broken_ = false;
-};
 
 // Counts elements that fail a check and remembers the first.
 struct Tally {
