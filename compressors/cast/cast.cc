@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "compressors/common/payload.h"
 #include "collectives/common/element_ops.h"
 #include "collectives/common/half_convert.h"
 #include "plugin/driver.h"
@@ -100,14 +101,8 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     round->done = 1;
     return SHOAL_OK;
   }
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
-  payload = shoal_payload_t{};
-  payload.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  payload.dtype = format == Format::Fp16 ? SHOAL_F16 : SHOAL_BF16;
-  payload.op = op->op;
-  payload.buffer = state->payload.data();
-  payload.count = state->payload.size();
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, format == Format::Fp16 ? SHOAL_F16 : SHOAL_BF16, op->op,
+                    state->payload.data(), state->payload.size());
   return SHOAL_OK;
 }
 

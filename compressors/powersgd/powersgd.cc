@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/common/payload.h"
 #include "compressors/common/text.h"
 #include "compressors/powersgd/powersgd_math.h"
 #include "plugin/driver.h"
@@ -315,14 +316,7 @@ shoal_status_t plainRound0(OpState& state, shoal_compress_op_t* op, shoal_round_
     if (state.plans[t].count)
       std::memcpy(state.pbuf.data() + state.plans[t].offset, op->tensors[t].input.data,
                   state.plans[t].count * sizeof(float));
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
-  payload = shoal_payload_t{};
-  payload.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  payload.dtype = SHOAL_F32;
-  payload.op = SHOAL_SUM;
-  payload.buffer = state.pbuf.data();
-  payload.count = total;
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.pbuf.data(), total);
   return SHOAL_OK;
 }
 
@@ -365,14 +359,7 @@ shoal_status_t round0(Instance& instance, OpState& state, shoal_compress_op_t* o
     round->done = 1;
     return SHOAL_OK;
   }
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
-  payload = shoal_payload_t{};
-  payload.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  payload.dtype = SHOAL_F32;
-  payload.op = SHOAL_SUM;
-  payload.buffer = state.pbuf.data();
-  payload.count = total;
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.pbuf.data(), total);
   return SHOAL_OK;
 }
 
@@ -411,14 +398,7 @@ shoal_status_t round1(Instance& instance, OpState& state, shoal_compress_op_t* o
                 static_cast<int>(plan.rows), 1.0f, plan.m, static_cast<int>(plan.cols), p, plan.r, 0.0f,
                 state.qbuf.data() + plan.qOffset, plan.r);
   }
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
-  payload = shoal_payload_t{};
-  payload.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  payload.dtype = SHOAL_F32;
-  payload.op = SHOAL_SUM;
-  payload.buffer = state.qbuf.data();
-  payload.count = state.qbuf.size();
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.qbuf.data(), state.qbuf.size());
   return SHOAL_OK;
 }
 

@@ -51,6 +51,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compressors/common/payload.h"
 #include "compressors/common/text.h"
 #include "compressors/topk/topk_math.h"
 #include "plugin/driver.h"
@@ -372,14 +373,9 @@ shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op
                    kept[t], state.offsets[t], pairs);
     pairs += 2 * kept[t];
   }
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
-  payload = shoal_payload_t{};
-  payload.collective = SHOAL_COLLECTIVE_ALLGATHERV;
-  payload.dtype = SHOAL_U64;
-  payload.op = SHOAL_SUM;  // unused by allgatherv
-  payload.buffer = state.pairs.data();
-  payload.count = state.pairs.size();
+  // (op is unused by an allgatherv)
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLGATHERV, SHOAL_U64, SHOAL_SUM, state.pairs.data(),
+                    state.pairs.size());
   return SHOAL_OK;
 }
 
