@@ -42,6 +42,9 @@ if(SHOAL_CUDA_ENABLED AND NOT SHOAL_WITH_NCCL STREQUAL "OFF")
 elseif(SHOAL_WITH_NCCL STREQUAL "ON")
   message(FATAL_ERROR "SHOAL_WITH_NCCL=ON needs CUDA (SHOAL_WITH_CUDA is ${SHOAL_WITH_CUDA} or nvcc was not found)")
 endif()
+# Recorded in the cache so scripts can read what this build directory has.
+set(SHOAL_CUDA_ENABLED ${SHOAL_CUDA_ENABLED} CACHE INTERNAL "CUDA kernels built")
+set(SHOAL_NCCL_ENABLED ${SHOAL_NCCL_ENABLED} CACHE INTERNAL "NCCL transport built")
 message(STATUS "shoal: CUDA ${SHOAL_CUDA_ENABLED} (architectures ${CMAKE_CUDA_ARCHITECTURES}), NCCL ${SHOAL_NCCL_ENABLED} ${NCCL_VERSION}")
 
 # Sources that exist only in the GPU build. Convention:
