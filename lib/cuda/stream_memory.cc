@@ -63,6 +63,23 @@ const char* copyBlocking(void* destination, const void* source, size_t bytes) {
   return check(cudaMemcpy(destination, source, bytes, cudaMemcpyDefault));
 }
 
+const char* createEvent(void** event) {
+  cudaEvent_t created = nullptr;
+  const char* error = check(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
+  *event = created;
+  return error;
+}
+
+const char* recordEvent(void* event, void* stream) {
+  return check(cudaEventRecord(static_cast<cudaEvent_t>(event), asStream(stream)));
+}
+
+const char* waitEvent(void* event) { return check(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+
+void destroyEvent(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 const char* lastLaunchError() { return check(cudaGetLastError()); }
 
 }  // namespace shoal::cuda

@@ -35,6 +35,12 @@ const char* allocDevice(void** pointer, size_t bytes);
 void freeDevice(void* pointer);
 // A blocking copy (cudaMemcpy, cudaMemcpyDefault): for saving and loading state.
 const char* copyBlocking(void* destination, const void* source, size_t bytes);
+// Events mark how far a stream has come, for state that a later host call
+// (saving it, freeing it) must not touch before the stream's kernels are done.
+const char* createEvent(void** event);
+const char* recordEvent(void* event, void* stream);
+const char* waitEvent(void* event);  // blocks the host until the recorded work is done
+void destroyEvent(void* event);
 // The error of the last kernel launch (cudaGetLastError), nullptr if none.
 const char* lastLaunchError();
 
