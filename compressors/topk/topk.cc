@@ -141,7 +141,8 @@ void freeState(TensorState* state) {
 #if SHOAL_WITH_CUDA
   if (state->onDevice) {
     cuda::DeviceScope scope(state->device);
-    cuda::freeDevice(state->data);  // cudaFree waits for the kernels still using it
+    cuda::waitEvent(state->lastUse);  // the stream's kernels may still use it
+    cuda::freeDevice(state->data);
     cuda::destroyEvent(state->lastUse);
     delete state;
     return;

@@ -60,7 +60,10 @@ void freeDevice(void* pointer) {
 
 const char* copyBlocking(void* destination, const void* source, size_t bytes) {
   if (bytes == 0) return nullptr;
-  return check(cudaMemcpy(destination, source, bytes, cudaMemcpyDefault));
+  if (const char* error = check(cudaMemcpy(destination, source, bytes, cudaMemcpyDefault))) return error;
+  // cudaMemcpy from pageable memory may return before its DMA lands; kernels on a
+  // non-blocking stream would not wait for it, so wait here.
+  return check(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 const char* createEvent(void** event) {

@@ -33,7 +33,8 @@ const char* synchronize(void* stream);
 // Plain (not stream-ordered) device memory for state that outlives a stream's work.
 const char* allocDevice(void** pointer, size_t bytes);
 void freeDevice(void* pointer);
-// A blocking copy (cudaMemcpy, cudaMemcpyDefault): for saving and loading state.
+// A copy that is complete on return, also for kernels on other streams (cudaMemcpy and a
+// wait for the legacy stream): for saving and loading state.
 const char* copyBlocking(void* destination, const void* source, size_t bytes);
 // Events mark how far a stream has come, for state that a later host call
 // (saving it, freeing it) must not touch before the stream's kernels are done.
