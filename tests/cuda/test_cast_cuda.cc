@@ -199,10 +199,10 @@ std::vector<std::vector<float>> allreduceByHand(const char* name, const std::vec
     const shoal_payload_t& payload = rank.round.payloads[0];
     EXPECT_EQ(payload.count, count);
     EXPECT_EQ(payload.dtype, half ? SHOAL_F16 : SHOAL_BF16);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     cudaPointerAttributes attributes{};
     EXPECT_EQ(cudaPointerGetAttributes(&attributes, payload.buffer), cudaSuccess);
     EXPECT_EQ(attributes.type == cudaMemoryTypeDevice, onDevice) << "the payload lives where the tensors do";
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     std::vector<uint16_t> encoded = download<uint16_t>(payload.buffer, count);
     for (size_t i = 0; i < count; ++i) {
       if (r == 0) {
