@@ -53,14 +53,7 @@ __global__ void gatherPairs(const T* selectFrom, T* error, const uint32_t* indic
 }
 
 __device__ void addPair(const DeviceOutput* outputs, int tensors, uint64_t index, uint64_t valueBits) {
-  int low = 0, high = tensors - 1;  // the tensor with first <= index < end (zero-size ones never match)
-  while (low < high) {
-    int middle = (low + high + 1) / 2;
-    if (outputs[middle].first <= index) low = middle;
-    else high = middle - 1;
-  }
-  while (low > 0 && outputs[low].end <= index) --low;  // not reached for a well-formed table
-  const DeviceOutput& out = outputs[low];
+  const DeviceOutput& out = outputs[tensorOfIndex(outputs, tensors, index)];
   if (out.dtype == SHOAL_F32) static_cast<float*>(out.data)[index - out.first] += wordValue<float>(valueBits);
   else static_cast<double*>(out.data)[index - out.first] += wordValue<double>(valueBits);
 }

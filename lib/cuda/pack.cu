@@ -3,6 +3,7 @@
 // tiny ones balance alike; a chunk finds its first tensor by binary search
 // over the running end offsets and copies every tensor piece it covers.
 #include "cuda/pack.h"
+#include "cuda/pack_math.h"
 
 #include <cuda_runtime.h>
 
@@ -65,22 +66,13 @@ __global__ void batchedCopy(Table table, size_t totalBytes) {
   for (size_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const size_t chunkStart = chunk * kChunkBytes;
     const size_t chunkEnd = chunkStart + kChunkBytes < totalBytes ? chunkStart + kChunkBytes : totalBytes;
-    // The first entry whose end lies beyond chunkStart (zero-size entries are passed over).
-    size_t low = 0, high = table.count;
-    while (low < high) {
-      size_t middle = (low + high) / 2;
-      if (table[middle].end <= chunkStart) low = middle + 1;
-      else high = middle;
-    }
-    for (size_t e = low; e < table.count; ++e) {
+    for (size_t e = firstEntryEndingAfter(table, table.count, chunkStart); e < table.count; ++e) {
       const CopyEntry& entry = table[e];
       const size_t entryStart = e == 0 ? 0 : table[e - 1].end;
       if (entryStart >= chunkEnd) break;
-      const size_t pieceStart = entryStart > chunkStart ? entryStart : chunkStart;
-      const size_t pieceEnd = entry.end < chunkEnd ? entry.end : chunkEnd;
-      if (pieceEnd > pieceStart)
-        copyPiece(entry.destination + (pieceStart - entryStart), entry.source + (pieceStart - entryStart),
-                  pieceEnd - pieceStart);
+      const Piece piece = pieceOf(entryStart, entry.end, chunkStart, chunkEnd);
+      if (piece.bytes > 0)
+        copyPiece(entry.destination + piece.offsetInEntry, entry.source + piece.offsetInEntry, piece.bytes);
     }
   }
 }
