@@ -10,9 +10,9 @@
 #
 # Environment: CHECK_BUDGET_S (total seconds, default 300), JOBS (default the
 # core count), BUILD_DIR (default build-gpu), BUILD_TYPE (default Release; empty
-# keeps the build directory's), SHOAL_GPU_BENCH_ARGS (shoal-bench's CUDA-memory flag, default
-# "--memory cuda"). Every stage runs under `timeout` within what is left of the
-# budget. A piece that is missing (a target that does not exist yet, a
+# keeps the build directory's), SHOAL_GPU_BENCH_ARGS (shoal-bench's CUDA-memory
+# arguments; default: the long option on its help line that mentions cuda, then
+# "cuda"). Every stage runs under `timeout` within what is left of the budget. A piece that is missing (a target that does not exist yet, a
 # shoal-bench without CUDA memory) is reported as MISSING, not a failure; the
 # exit status is 1 when a stage FAILED, else 0.
 set -u -o pipefail
@@ -27,7 +27,6 @@ BUILD=$(cd "$ROOT" && mkdir -p "${BUILD_DIR:-build-gpu}" && cd "${BUILD_DIR:-bui
 BUILD_TYPE=${BUILD_TYPE-Release}
 BUDGET=${CHECK_BUDGET_S:-300}
 JOBS=${JOBS:-$(nproc)}
-BENCH_ARGS=${SHOAL_GPU_BENCH_ARGS:---memory cuda}
 START=$(date +%s)
 SUMMARY="$RESULTS/summary.txt"
 FAILED=0
@@ -154,6 +153,9 @@ if [ ! -x "$BENCH" ] || [ ! -x "$SHOALRUN" ]; then
 elif ! "$BENCH" -h 2>&1 | grep -qi cuda; then
   say "MISSING  NCCL smoke run: this shoal-bench has no CUDA-memory option yet (its -h never mentions cuda)"
 else
+  # The flag: SHOAL_GPU_BENCH_ARGS, else the first long option on a help line that mentions cuda, with "cuda".
+  flag=$("$BENCH" -h 2>&1 | grep -i cuda | grep -oE -- '--[a-z][a-z-]*' | head -1)
+  BENCH_ARGS=${SHOAL_GPU_BENCH_ARGS:-${flag:---memory} cuda}
   for compressor in none fp16 topk; do
     copt=()
     [ "$compressor" != none ] && copt=(--compressor "$compressor")
