@@ -10,14 +10,28 @@
 // to inf; bf16 spans f32's range).
 //
 // Several tensors of one call (a fused group) share one payload.
+//
+// CUDA tensors (GPU build only; SHOAL_CAP_CUDA is set only there): every
+// tensor of a call must be on one device and stream. The payload lives in
+// device memory, allocated stream-ordered in start() and freed in finish();
+// encode and decode are kernels on that stream (cast_kernels.cu, per element
+// cast_math.h: the CPU path's bits except NaN payloads, see there). Nothing
+// waits for the device: the driver runs the payload's collective on the same
+// stream.
 #include <cstring>
 #include <vector>
 
 #include "compressors/common/payload.h"
+#include "compressors/common/text.h"
 #include "collectives/common/element_ops.h"
 #include "collectives/common/half_convert.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
+
+#if SHOAL_WITH_CUDA
+#include "compressors/cast/cast_cuda.h"
+#include "cuda/stream_memory.h"
+#endif
 
 namespace shoal::compressors {
 namespace {
@@ -29,8 +43,46 @@ struct Instance {
 };
 
 struct OpState {
-  std::vector<uint16_t> payload;
+  std::vector<uint16_t> payload;  // host tensors
+  size_t count = 0;                // elements of the payload
+  // CUDA tensors: the payload in device memory on `device`, ordered on `stream`.
+  bool onDevice = false;
+  int device = 0;
+  void* stream = nullptr;
+  uint16_t* devicePayload = nullptr;
 };
+
+const char* formatName(Format format) { return format == Format::Fp16 ? "fp16" : "bf16"; }
+
+// Host tensors, or CUDA tensors of one device and stream; else an error in op->error_text.
+shoal_status_t checkMemory(Format format, const shoal_compress_op_t* op, OpState* state) {
+  const shoal_tensor_t& first = op->tensors[0].input;
+  state->onDevice = first.memory == SHOAL_MEMORY_CUDA;
+  state->device = first.device;
+  state->stream = first.stream;
+  for (int t = 0; t < op->num_tensors; ++t)
+    for (const shoal_tensor_t* tensor : {&op->tensors[t].input, &op->tensors[t].output}) {
+      bool same = tensor->memory == first.memory &&
+                  (first.memory != SHOAL_MEMORY_CUDA || (tensor->device == first.device && tensor->stream == first.stream));
+      if (!same) {
+        writeText(op->error_text, op->error_text_size,
+                  "%s: tensor %d's %s is in %s memory (device %d), tensor 0's input in %s memory (device %d): the "
+                  "tensors of one call must share the memory kind, and on CUDA the device and stream",
+                  formatName(format), t, tensor == &op->tensors[t].input ? "input" : "output",
+                  tensor->memory == SHOAL_MEMORY_CUDA ? "CUDA" : "host", tensor->device,
+                  first.memory == SHOAL_MEMORY_CUDA ? "CUDA" : "host", first.device);
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+    }
+#if !SHOAL_WITH_CUDA
+  if (state->onDevice) {
+    writeText(op->error_text, op->error_text_size, "%s: CUDA tensors need a build with SHOAL_WITH_CUDA",
+              formatName(format));
+    return SHOAL_ERR_UNSUPPORTED;
+  }
+#endif
+  return SHOAL_OK;
+}
 
 void encode(Format format, const float* in, uint16_t* out, size_t count) {
   if (format == Format::Fp16) ops::floatToHalf(in, out, count);
@@ -70,18 +122,80 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
 
 void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
-shoal_status_t start(void*, shoal_compress_op_t* op, void** opState) {
+shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
+  Format format = static_cast<Instance*>(instance)->format;
   auto* state = new OpState;
-  size_t total = 0;
-  for (int t = 0; t < op->num_tensors; ++t) total += plugin::elementsCount(op->tensors[t].input);
-  state->payload.resize(total);
+  for (int t = 0; t < op->num_tensors; ++t) state->count += plugin::elementsCount(op->tensors[t].input);
+  if (op->num_tensors > 0) {
+    if (shoal_status_t status = checkMemory(format, op, state); status != SHOAL_OK) {
+      delete state;
+      return status;
+    }
+  }
+  if (!state->onDevice) {
+    state->payload.resize(state->count);
+    *opState = state;
+    return SHOAL_OK;
+  }
+#if SHOAL_WITH_CUDA
+  cuda::DeviceScope scope(state->device);
+  const char* error = scope.error();
+  if (error == nullptr) {
+    void* buffer = nullptr;
+    error = cuda::allocAsync(&buffer, state->count * sizeof(uint16_t), state->stream);
+    state->devicePayload = static_cast<uint16_t*>(buffer);
+  }
+  if (error != nullptr) {
+    writeText(op->error_text, op->error_text_size, "%s: no device memory for the payload (%zu bytes on device %d): %s",
+              formatName(format), state->count * sizeof(uint16_t), state->device, error);
+    delete state;
+    return SHOAL_ERR_NO_MEMORY;
+  }
+#endif
   *opState = state;
   return SHOAL_OK;
 }
 
+#if SHOAL_WITH_CUDA
+// Round 0 or 1 on CUDA tensors: kernels on the tensors' stream, no waiting.
+shoal_status_t roundOnDevice(Format format, OpState* state, shoal_compress_op_t* op, shoal_round_t* round) {
+  cuda::DeviceScope scope(state->device);
+  const char* error = scope.error();
+  size_t offset = 0;
+  for (int t = 0; t < op->num_tensors && error == nullptr; ++t) {
+    const shoal_compress_tensor_t& tensor = op->tensors[t];
+    size_t count = plugin::elementsCount(tensor.input);
+    uint16_t* slice = state->devicePayload + offset;
+    offset += count;
+    if (round->index == 0)
+      error = cast::encodeOnDevice(format == Format::Fp16, tensor.input.dtype, tensor.input.data, slice, count,
+                                   state->stream);
+    else
+      error = cast::decodeOnDevice(format == Format::Fp16, tensor.output.dtype, slice, tensor.output.data, count,
+                                   state->stream);
+  }
+  if (error != nullptr) {
+    writeText(op->error_text, op->error_text_size, "%s: CUDA %s kernel failed on device %d: %s", formatName(format),
+              round->index == 0 ? "encode" : "decode", state->device, error);
+    return SHOAL_ERR_INTERNAL;
+  }
+  if (round->index > 0) {
+    round->num_payloads = 0;
+    round->done = 1;
+    return SHOAL_OK;
+  }
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, format == Format::Fp16 ? SHOAL_F16 : SHOAL_BF16, op->op,
+                    state->devicePayload, state->count);
+  return SHOAL_OK;
+}
+#endif
+
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
   Format format = static_cast<Instance*>(instance)->format;
   auto* state = static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (state->onDevice) return roundOnDevice(format, state, op, round);
+#endif
   size_t offset = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_compress_tensor_t& tensor = op->tensors[t];
@@ -106,21 +220,36 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_OK;
 }
 
-void finish(void*, void* opState) { delete static_cast<OpState*>(opState); }
+void finish(void*, void* opState) {
+  auto* state = static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (state->devicePayload != nullptr) {
+    cuda::DeviceScope scope(state->device);
+    cuda::freeAsync(state->devicePayload, state->stream);  // after the stream's decode kernels
+  }
+#endif
+  delete state;
+}
+
+#if SHOAL_WITH_CUDA
+constexpr uint64_t kCudaCap = SHOAL_CAP_CUDA;
+#else
+constexpr uint64_t kCudaCap = 0;
+#endif
 
 constexpr uint32_t kFloatTypes = (1u << SHOAL_F32) | (1u << SHOAL_F64);
 
 const shoal_compressor_t kFp16 = {
     SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "fp16",
     "cast to IEEE half for the allreduce (2x smaller than f32); sums in f32, rounded once per hop", "",
-    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC, SHOAL_ERROR_RELATIVE, 2.0 / 2048, kFloatTypes,
+    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap, SHOAL_ERROR_RELATIVE, 2.0 / 2048, kFloatTypes,
     create<Format::Fp16>, destroy, start, round, finish, nullptr, nullptr, nullptr,
 };
 
 const shoal_compressor_t kBf16 = {
     SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "bf16",
     "cast to bfloat16 for the allreduce (2x smaller than f32, f32's range); sums in f32, rounded once per hop", "",
-    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC, SHOAL_ERROR_RELATIVE, 2.0 / 256, kFloatTypes,
+    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap, SHOAL_ERROR_RELATIVE, 2.0 / 256, kFloatTypes,
     create<Format::Bf16>, destroy, start, round, finish, nullptr, nullptr, nullptr,
 };
 

@@ -39,6 +39,17 @@
 // existing state requires the existing size. A name must keep its dtype and
 // count from call to call (a mismatch is refused: the residual would be
 // meaningless).
+//
+// CUDA tensors (GPU build only; SHOAL_CAP_CUDA is set only there): every
+// tensor of a call on one device and stream, at most 2^32 - 1 elements each.
+// The same steps as kernels on that stream (topk_kernels.cu): selection by a
+// stable descending radix sort of the magnitude keys (the order above), the
+// payload and the residual in device memory. Round 0 never waits for the
+// device; round 1 waits once, at its end, to learn whether a gathered pair
+// was malformed. A name's residual stays where its first call put it (host
+// or one device; a later call elsewhere is refused); save and load copy it
+// to and from host memory after the stream's last use of it. A state loaded
+// before its tensor's first call moves to the device then.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -56,6 +67,11 @@
 #include "compressors/topk/topk_math.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
+
+#if SHOAL_WITH_CUDA
+#include "compressors/topk/topk_cuda.h"
+#include "cuda/stream_memory.h"
+#endif
 
 namespace shoal::compressors {
 namespace {
@@ -101,7 +117,10 @@ struct TensorState {
   shoal_dtype_t dtype = SHOAL_F32;
   size_t count = 0;
   size_t bytes = 0;
-  void* data = nullptr;  // malloc'd, bytes long (nullptr when 0)
+  void* data = nullptr;  // malloc'd, bytes long (nullptr when 0); device memory when onDevice
+  bool onDevice = false;
+  int device = 0;
+  void* lastUse = nullptr;  // onDevice: a CUDA event recorded after the last kernels that touch data
 };
 
 TensorState* newState(size_t bytes) {
@@ -119,14 +138,53 @@ TensorState* newState(size_t bytes) {
 
 void freeState(TensorState* state) {
   if (state == nullptr) return;
+#if SHOAL_WITH_CUDA
+  if (state->onDevice) {
+    cuda::DeviceScope scope(state->device);
+    cuda::waitEvent(state->lastUse);  // the stream's kernels may still use it
+    cuda::freeDevice(state->data);
+    cuda::destroyEvent(state->lastUse);
+    delete state;
+    return;
+  }
+#endif
   std::free(state->data);
   delete state;
 }
+
+#if SHOAL_WITH_CUDA
+// Moves a host state's bytes to `device` (zeros when fresh); nullptr, or the CUDA error's text.
+const char* moveToDevice(TensorState* state, int device) {
+  cuda::DeviceScope scope(device);
+  if (scope.error()) return scope.error();
+  void* data = nullptr;
+  const char* error = cuda::allocDevice(&data, state->bytes);
+  if (error == nullptr && state->bytes > 0) error = cuda::copyBlocking(data, state->data, state->bytes);
+  void* event = nullptr;
+  if (error == nullptr) error = cuda::createEvent(&event);
+  if (error != nullptr) {
+    cuda::freeDevice(data);
+    return error;
+  }
+  std::free(state->data);
+  state->data = data;
+  state->onDevice = true;
+  state->device = device;
+  state->lastUse = event;
+  return nullptr;
+}
+#endif
 
 struct OpState {
   std::vector<size_t> offsets;  // offsets[t] = first global index of tensor t; offsets[T] = total
   std::vector<uint64_t> pairs;  // this rank's payload
   std::vector<TensorState*> errors;        // each tensor's residual (ef=1), checked in start()
+  // CUDA tensors: device, stream, and the device memory freed in finish().
+  bool onDevice = false;
+  int device = 0;
+  void* stream = nullptr;
+  uint64_t* devicePairs = nullptr;  // this rank's payload
+  void* deviceDecode = nullptr;     // round 1: the outputs' table and the malformed-pair counter
 };
 
 // ---- options ------------------------------------------------------------------
@@ -253,17 +311,38 @@ void encodeTensor(Scratch& scratch, const T* input, T* error, size_t count, size
 
 // ---- the operation ------------------------------------------------------------------
 
+// Where a tensor's data lives, for messages.
+std::string placeText(bool onDevice, int device) {
+  return onDevice ? "CUDA device " + std::to_string(device) : std::string("host memory");
+}
+
 // The tensor's error vector, created or checked; nullptr with error text on a mismatch.
-TensorState* stateFor(shoal_compress_op_t* op, int t, size_t count) {
+TensorState* stateFor(shoal_compress_op_t* op, int t, size_t count, const OpState& opState) {
   const shoal_compress_tensor_t& tensor = op->tensors[t];
   const shoal_dtype_t dtype = tensor.input.dtype;
   const size_t bytes = count * shoal_dtype_size(dtype);
   auto* state = static_cast<TensorState*>(*tensor.state);
+  // Puts a fresh or loaded (host) state where the op's tensors are.
+  auto place = [&](TensorState* placed) -> bool {
+    if (!opState.onDevice) return true;
+#if SHOAL_WITH_CUDA
+    if (const char* error = moveToDevice(placed, opState.device)) {
+      writeText(op->error_text, op->error_text_size, "topk: no room for the residual of '%s' (%zu bytes) on %s: %s",
+                tensor.name, bytes, placeText(true, opState.device).c_str(), error);
+      return false;
+    }
+#endif
+    return true;
+  };
   if (state == nullptr) {
     state = newState(bytes);
     if (state == nullptr) {
       writeText(op->error_text, op->error_text_size, "topk: out of host memory for the residual of '%s' (%zu bytes)",
                 tensor.name, bytes);
+      return nullptr;
+    }
+    if (!place(state)) {
+      freeState(state);
       return nullptr;
     }
     state->typed = true;
@@ -280,10 +359,19 @@ TensorState* stateFor(shoal_compress_op_t* op, int t, size_t count) {
                 tensor.name, state->bytes, count, shoal_dtype_name(dtype), bytes);
       return nullptr;
     }
+    if (!state->onDevice && !place(state)) return nullptr;
     state->typed = true;
     state->dtype = dtype;
     state->count = count;
     return state;
+  }
+  if (state->onDevice != opState.onDevice || (state->onDevice && state->device != opState.device)) {
+    writeText(op->error_text, op->error_text_size,
+              "topk: tensor '%s' kept its residual in %s in earlier calls and is now in %s: a name must stay where "
+              "it is (save its state, and load it under a new name)",
+              tensor.name, placeText(state->onDevice, state->device).c_str(),
+              placeText(opState.onDevice, opState.device).c_str());
+    return nullptr;
   }
   if (state->dtype != dtype || state->count != count) {
     writeText(op->error_text, op->error_text_size,
@@ -311,9 +399,31 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
                 shoal_dtype_name(tensor.input.dtype), shoal_dtype_name(tensor.output.dtype));
       return SHOAL_ERR_UNSUPPORTED;
     }
-    if (tensor.input.memory != SHOAL_MEMORY_HOST || tensor.output.memory != SHOAL_MEMORY_HOST) {
-      writeText(op->error_text, op->error_text_size, "topk: tensor %d is not in host memory (host only for now)", t);
+    const shoal_tensor_t& first = op->tensors[0].input;
+    for (const shoal_tensor_t* side : {&tensor.input, &tensor.output})
+      if (side->memory != first.memory ||
+          (first.memory == SHOAL_MEMORY_CUDA && (side->device != first.device || side->stream != first.stream))) {
+        writeText(op->error_text, op->error_text_size,
+                  "topk: tensor %d's %s is in %s, tensor 0's input in %s: the tensors of one call must share the "
+                  "memory kind, and on CUDA the device and stream",
+                  t, side == &tensor.input ? "input" : "output",
+                  placeText(side->memory == SHOAL_MEMORY_CUDA, side->device).c_str(),
+                  placeText(first.memory == SHOAL_MEMORY_CUDA, first.device).c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+    if (tensor.input.memory == SHOAL_MEMORY_CUDA) {
+#if SHOAL_WITH_CUDA
+      if (plugin::elementsCount(tensor.input) > topk::kMaxDeviceCount) {
+        writeText(op->error_text, op->error_text_size,
+                  "topk: CUDA tensor %d has %zu elements; the GPU path takes at most 2^32 - 1 per tensor (split it)",
+                  t, plugin::elementsCount(tensor.input));
+        return SHOAL_ERR_UNSUPPORTED;
+      }
+#else
+      writeText(op->error_text, op->error_text_size, "topk: tensor %d is a CUDA tensor; this build has no CUDA "
+                "(configure with -DSHOAL_WITH_CUDA=ON)", t);
       return SHOAL_ERR_UNSUPPORTED;
+#endif
     }
     if (instance->ef && (tensor.name == nullptr || tensor.name[0] == '\0' || tensor.state == nullptr)) {
       writeText(op->error_text, op->error_text_size,
@@ -324,6 +434,11 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
     }
   }
   auto* state = new OpState;
+  if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
+    state->onDevice = true;
+    state->device = op->tensors[0].input.device;
+    state->stream = op->tensors[0].input.stream;
+  }
   state->offsets.resize(op->num_tensors + 1);
   size_t total = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
@@ -336,13 +451,49 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   state->errors.assign(op->num_tensors, nullptr);
   if (instance->ef)
     for (int t = 0; t < op->num_tensors; ++t)
-      if ((state->errors[t] = stateFor(op, t, state->offsets[t + 1] - state->offsets[t])) == nullptr) {
+      if ((state->errors[t] = stateFor(op, t, state->offsets[t + 1] - state->offsets[t], *state)) == nullptr) {
         delete state;
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
   *opState = state;
   return SHOAL_OK;
 }
+
+#if SHOAL_WITH_CUDA
+shoal_status_t cudaFailure(shoal_compress_op_t* op, const OpState& state, const char* what, const char* error) {
+  writeText(op->error_text, op->error_text_size, "topk: %s on CUDA device %d failed: %s", what, state.device, error);
+  return SHOAL_ERR_INTERNAL;
+}
+
+shoal_status_t encodeRoundOnDevice(OpState& state, shoal_compress_op_t* op, shoal_round_t* round,
+                                   const std::vector<size_t>& kept, size_t totalKept) {
+  cuda::DeviceScope scope(state.device);
+  if (scope.error()) return cudaFailure(op, state, "selecting the device", scope.error());
+  void* pairs = nullptr;
+  if (const char* error = cuda::allocAsync(&pairs, 2 * totalKept * sizeof(uint64_t), state.stream)) {
+    writeText(op->error_text, op->error_text_size, "topk: no device memory for the payload (%zu bytes on device %d): %s",
+              2 * totalKept * sizeof(uint64_t), state.device, error);
+    return SHOAL_ERR_NO_MEMORY;
+  }
+  state.devicePairs = static_cast<uint64_t*>(pairs);
+  uint64_t* written = state.devicePairs;
+  for (int t = 0; t < op->num_tensors; ++t) {
+    const shoal_compress_tensor_t& tensor = op->tensors[t];
+    TensorState* error = state.errors[t];
+    if (const char* failure =
+            topk::encodeOnDevice(tensor.input.dtype, tensor.input.data, error ? error->data : nullptr,
+                                 state.offsets[t + 1] - state.offsets[t], kept[t], state.offsets[t], written,
+                                 state.stream))
+      return cudaFailure(op, state, "the selection", failure);
+    if (error != nullptr)
+      if (const char* failure = cuda::recordEvent(error->lastUse, state.stream))
+        return cudaFailure(op, state, "recording the residual's last use", failure);
+    written += 2 * kept[t];
+  }
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLGATHERV, SHOAL_U64, SHOAL_SUM, state.devicePairs, 2 * totalKept);
+  return SHOAL_OK;
+}
+#endif
 
 shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
   const int tensors = op->num_tensors;
@@ -358,6 +509,9 @@ shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op
     return SHOAL_OK;
   }
   const std::vector<TensorState*>& errors = state.errors;
+#if SHOAL_WITH_CUDA
+  if (state.onDevice) return encodeRoundOnDevice(state, op, round, kept, totalKept);
+#endif
 
   state.pairs.resize(2 * totalKept);
   uint64_t* pairs = state.pairs.data();
@@ -396,6 +550,43 @@ size_t addRun(const unsigned char* words, size_t p, size_t pairs, uint64_t first
   return p;
 }
 
+#if SHOAL_WITH_CUDA
+// Round 1 on the device: zero, add every rank's pairs in rank order, divide
+// for avg; then wait for the stream once to read the malformed-pair count.
+shoal_status_t decodeOnDevice(OpState& state, shoal_compress_op_t* op, const shoal_payload_t& payload,
+                              unsigned* badPairs) {
+  cuda::DeviceScope scope(state.device);
+  if (scope.error()) return cudaFailure(op, state, "selecting the device", scope.error());
+  const int tensors = op->num_tensors;
+  std::vector<topk::DeviceOutput> outputs(tensors);
+  for (int t = 0; t < tensors; ++t) {
+    const shoal_tensor_t& output = op->tensors[t].output;
+    outputs[t] = {output.data, output.dtype, state.offsets[t], state.offsets[t + 1]};
+    const size_t bytes = (state.offsets[t + 1] - state.offsets[t]) * shoal_dtype_size(output.dtype);
+    if (const char* failure = cuda::zeroAsync(output.data, bytes, state.stream))
+      return cudaFailure(op, state, "zeroing an output", failure);
+  }
+  const size_t tableBytes = (tensors * sizeof(topk::DeviceOutput) + 15) / 16 * 16;
+  if (const char* failure = cuda::allocAsync(&state.deviceDecode, tableBytes + sizeof(unsigned), state.stream))
+    return cudaFailure(op, state, "allocating the outputs' table", failure);
+  auto* table = static_cast<topk::DeviceOutput*>(state.deviceDecode);
+  auto* deviceBad = reinterpret_cast<unsigned*>(static_cast<unsigned char*>(state.deviceDecode) + tableBytes);
+  const char* failure = cuda::copyAsync(table, outputs.data(), tensors * sizeof(topk::DeviceOutput), state.stream);
+  if (!failure) failure = cuda::zeroAsync(deviceBad, sizeof(unsigned), state.stream);
+  if (!failure)
+    failure = topk::addPairsOnDevice(table, tensors, state.offsets[tensors],
+                                     static_cast<const uint64_t*>(payload.gathered), payload.gathered_counts,
+                                     payload.gathered_displs, op->world_size, deviceBad, state.stream);
+  for (int t = 0; t < tensors && !failure && op->op == SHOAL_AVG; ++t)
+    failure = topk::divideOnDevice(outputs[t].dtype, outputs[t].data, state.offsets[t + 1] - state.offsets[t],
+                                   op->world_size, state.stream);
+  if (!failure) failure = cuda::copyAsync(badPairs, deviceBad, sizeof(unsigned), state.stream);
+  if (!failure) failure = cuda::synchronize(state.stream);
+  if (failure) return cudaFailure(op, state, "adding the gathered pairs", failure);
+  return SHOAL_OK;
+}
+#endif
+
 shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
   auto broken = [&](auto... args) {
     char detail[200];
@@ -411,6 +602,20 @@ shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_
     return broken("no gathered counts");
   const int tensors = op->num_tensors;
   const uint64_t total = state.offsets[tensors];
+#if SHOAL_WITH_CUDA
+  if (state.onDevice) {
+    for (int r = 0; r < op->world_size; ++r)
+      if (payload.gathered_counts[r] % 2 != 0)
+        return broken("rank %d sent an odd number of words (%zu)", r, payload.gathered_counts[r]);
+    unsigned badPairs = 0;
+    if (shoal_status_t status = decodeOnDevice(state, op, payload, &badPairs); status != SHOAL_OK) return status;
+    if (badPairs > 0) return broken("%u gathered pairs have an index beyond the %llu elements", badPairs,
+                                    static_cast<unsigned long long>(total));
+    round->num_payloads = 0;
+    round->done = 1;
+    return SHOAL_OK;
+  }
+#endif
   for (int t = 0; t < tensors; ++t) {
     const shoal_compress_tensor_t& tensor = op->tensors[t];
     size_t count = state.offsets[t + 1] - state.offsets[t];
@@ -468,7 +673,17 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_ERR_INTERNAL;
 }
 
-void finish(void*, void* opState) { delete static_cast<OpState*>(opState); }
+void finish(void*, void* opStatePointer) {
+  auto* state = static_cast<OpState*>(opStatePointer);
+#if SHOAL_WITH_CUDA
+  if (state->onDevice) {
+    cuda::DeviceScope scope(state->device);
+    cuda::freeAsync(state->devicePairs, state->stream);  // stream-ordered: after the kernels that use them
+    cuda::freeAsync(state->deviceDecode, state->stream);
+  }
+#endif
+  delete state;
+}
 
 // ---- tensor state ------------------------------------------------------------------
 
@@ -485,7 +700,17 @@ shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, si
     *bytes = state->bytes;
     return SHOAL_ERR_INVALID_ARGUMENT;  // buffer too small: *bytes says how much is needed
   }
-  if (state->bytes > 0) std::memcpy(buffer, state->data, state->bytes);
+  if (state->onDevice) {
+#if SHOAL_WITH_CUDA
+    cuda::DeviceScope scope(state->device);
+    const char* error = scope.error();
+    if (!error) error = cuda::waitEvent(state->lastUse);
+    if (!error) error = cuda::copyBlocking(buffer, state->data, state->bytes);
+    if (error) return SHOAL_ERR_INTERNAL;
+#endif
+  } else if (state->bytes > 0) {
+    std::memcpy(buffer, state->data, state->bytes);
+  }
   *bytes = state->bytes;
   return SHOAL_OK;
 }
@@ -517,9 +742,28 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
       logText(instance.log, 1, "topk: the tensor's loaded state has %zu bytes; got %zu bytes", state->bytes, bytes);
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
+  if (state->onDevice) {
+#if SHOAL_WITH_CUDA
+    cuda::DeviceScope scope(state->device);
+    const char* error = scope.error();
+    if (!error) error = cuda::waitEvent(state->lastUse);
+    if (!error) error = cuda::copyBlocking(state->data, buffer, bytes);
+    if (error) {
+      logText(instance.log, 0, "topk: loading the state into CUDA device %d failed: %s", state->device, error);
+      return SHOAL_ERR_INTERNAL;
+    }
+#endif
+    return SHOAL_OK;
+  }
   if (bytes > 0) std::memcpy(state->data, buffer, bytes);
   return SHOAL_OK;
 }
+
+#if SHOAL_WITH_CUDA
+constexpr uint64_t kCudaCap = SHOAL_CAP_CUDA;
+#else
+constexpr uint64_t kCudaCap = 0;
+#endif
 
 const shoal_compressor_t kTopk = {
     SHOAL_COMPRESSOR_ABI_VERSION,
@@ -528,7 +772,7 @@ const shoal_compressor_t kTopk = {
     "top-k sparsification: each rank sends its k largest |g + e| as (index, value) pairs (allgatherv); "
     "error feedback keeps the rest for the next call",
     kOptionsHelp,
-    SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL,
+    SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | kCudaCap,
     SHOAL_ERROR_FEEDBACK,
     0.0,
     (1u << SHOAL_F32) | (1u << SHOAL_F64),

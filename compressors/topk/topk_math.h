@@ -98,4 +98,19 @@ SHOAL_HD inline void packPair(uint64_t* pair, uint64_t globalIndex, T value) {
   pair[1] = valueWord(value);
 }
 
+// The tensor that global index `index` belongs to, for a decoder that finds
+// it per pair (the CUDA one): the last t with table[t].first <= index, which
+// passes over zero-size tensors (their first equals the next one's). table[t].first
+// ascends with t (the running offsets); index must lie below the total.
+template <typename Table>
+SHOAL_HD inline int tensorOfIndex(const Table& table, int tensors, uint64_t index) {
+  int low = 0, high = tensors - 1;
+  while (low < high) {
+    int middle = low + (high - low + 1) / 2;
+    if (table[middle].first <= index) low = middle;
+    else high = middle - 1;
+  }
+  return low;
+}
+
 }  // namespace shoal::topk

@@ -224,7 +224,11 @@ TEST(Topk, TableDeclaresItself) {
   const shoal_compressor_t* table = topkTable();
   ASSERT_NE(table, nullptr);
   EXPECT_STREQ(table->name, "topk");
+#if SHOAL_WITH_CUDA
+  EXPECT_EQ(table->caps, SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_CUDA);  // GPU kernels in this build
+#else
   EXPECT_EQ(table->caps, SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL);
+#endif
   EXPECT_EQ(table->error_kind, SHOAL_ERROR_FEEDBACK);
   EXPECT_EQ(table->dtypes, (1u << SHOAL_F32) | (1u << SHOAL_F64));
   EXPECT_TRUE(contains(table->options_help, "k=") && contains(table->options_help, "ratio=") &&
