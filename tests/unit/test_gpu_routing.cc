@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/common/context.h"
 #include "collectives/common/reducer.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
@@ -81,6 +82,20 @@ TEST(DeviceRingSchedule, BlocksTileTheBuffer) {
         EXPECT_LE(range.count, count / n + 1);
       }
       EXPECT_EQ(next, count);
+    }
+}
+
+// The device ring splits a buffer exactly as the host ring does, which is
+// what lets the two agree bit for bit.
+TEST(DeviceRingSchedule, BlocksAreTheHostRingsBlocks) {
+  for (int n : {1, 2, 3, 5, 8})
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(65537)}) {
+      shoal::Blocks host = shoal::splitEvenly(count, 4, n, 1 << 20, 2 * n);
+      for (int b = 0; b < n; ++b) {
+        shoal::nccl::BlockRange range = shoal::nccl::ringBlock(count, n, b);
+        EXPECT_EQ(range.offset * 4, host.offset[b]) << "n " << n << " count " << count << " block " << b;
+        EXPECT_EQ(range.count * 4, host.bytes[b]) << "n " << n << " count " << count << " block " << b;
+      }
     }
 }
 
