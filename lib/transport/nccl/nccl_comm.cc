@@ -83,6 +83,9 @@ struct Communicator::Impl {
   std::function<void()> peerCheck;
   std::string failure;
 
+  Impl() = default;
+  ~Impl();  // also on a failed create(): nothing leaks
+
   // Aborts the NCCL communicator and throws: the communicator is unusable after.
   [[noreturn]] void failWith(shoal_status_t status, const std::string& text) {
     if (comm != nullptr) {
@@ -197,23 +200,25 @@ std::unique_ptr<Communicator> Communicator::create(const Options& options) {
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
-Communicator::~Communicator() {
+Communicator::~Communicator() = default;
+
+Communicator::Impl::~Impl() {
   int previous = 0;
   cudaGetDevice(&previous);
-  cudaSetDevice(impl_->device);
-  if (impl_->comm != nullptr) {
+  cudaSetDevice(device);
+  if (comm != nullptr) {
     // Finalize flushes outstanding work; bounded, then the communicator goes either way.
-    ncclResult_t result = ncclCommFinalize(impl_->comm);
+    ncclResult_t result = ncclCommFinalize(comm);
     Deadline deadline = deadlineAfter(10);
     while (result == ncclInProgress && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
-      ncclCommGetAsyncError(impl_->comm, &result);
+      ncclCommGetAsyncError(comm, &result);
     }
-    if (result == ncclSuccess) ncclCommDestroy(impl_->comm);
-    else ncclCommAbort(impl_->comm);
+    if (result == ncclSuccess) ncclCommDestroy(comm);
+    else ncclCommAbort(comm);
   }
-  if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
-  if (impl_->done != nullptr) cudaEventDestroy(impl_->done);
+  if (scratch != nullptr) cudaFree(scratch);
+  if (done != nullptr) cudaEventDestroy(done);
   cudaSetDevice(previous);
 }
 
