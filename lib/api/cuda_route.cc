@@ -7,6 +7,8 @@
 #include "collectives/collectives.h"
 
 #if SHOAL_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include "cuda/device.h"
 #endif
 #if SHOAL_WITH_NCCL
@@ -44,7 +46,9 @@ MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t
       if (!route.cuda) {
         route.device = tensor->device;
         route.stream = tensor->stream;
-      } else if (tensor->device != route.device) {
+      }
+      if (tensor->data != nullptr) route.data.push_back(tensor->data);
+      if (route.cuda && tensor->device != route.device) {
         route.refuse(SHOAL_ERR_INVALID_ARGUMENT,
                      fmt::format("{}: the tensors are on CUDA devices {} and {}; put input and output on one device",
                                  call, route.device, tensor->device));
@@ -93,10 +97,27 @@ void checkCudaReady(shoal_comm& comm, const char* call, MemoryRoute& route) {
                         fmt::format("{}: tensor device {} is not a CUDA device of this process; use 0..{}", call,
                                     route.device, devices - 1));
   if (comm.nccl && comm.nccl->device() != route.device)
-    route.refuse(SHOAL_ERR_INVALID_ARGUMENT,
-                 fmt::format("{}: this communicator runs NCCL on device {} (its first CUDA call); tensors on device {} "
-                             "need a communicator of their own",
-                             call, comm.nccl->device(), route.device));
+    return route.refuse(SHOAL_ERR_INVALID_ARGUMENT,
+                        fmt::format("{}: this communicator runs NCCL on device {} (its first CUDA call); tensors on "
+                                    "device {} need a communicator of their own",
+                                    call, comm.nccl->device(), route.device));
+  // A host pointer labelled CUDA would reach NCCL and fail there, on this
+  // rank only: refuse it here, where every rank hears of it.
+  for (const void* pointer : route.data) {
+    cudaPointerAttributes attributes{};
+    cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+    if (status != cudaSuccess) cudaGetLastError();  // not sticky: clear it
+    bool device = status == cudaSuccess &&
+                  (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+    if (!device || attributes.device != route.device)
+      return route.refuse(
+          SHOAL_ERR_INVALID_ARGUMENT,
+          fmt::format("{}: tensor data {} is {}, not CUDA memory of device {}: pass memory from cudaMalloc on that "
+                      "device, or describe host memory as SHOAL_MEMORY_HOST",
+                      call, pointer,
+                      !device ? "host memory (or unknown to CUDA)" : fmt::format("on device {}", attributes.device),
+                      route.device));
+  }
 #endif
 }
 

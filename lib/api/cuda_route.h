@@ -20,6 +20,7 @@ struct MemoryRoute {
   bool cuda = false;      // a tensor is CUDA memory: the call goes to NCCL (or is refused)
   int device = 0;         // of the CUDA tensors
   void* stream = nullptr; // of the first CUDA tensor (the input): work is ordered on it
+  std::vector<const void*> data;  // the CUDA tensors' pointers, checked to be device memory
   shoal_status_t refusal = SHOAL_OK;
   std::string why;        // the refusal's text, naming the fix
   // Keeps the first refusal: the most basic one is checked first.
@@ -30,7 +31,8 @@ struct MemoryRoute {
 // every kind valid, all of one kind, all CUDA tensors on one device.
 MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t*> tensors);
 // Whether this process can run a CUDA call now: built with CUDA and NCCL, a
-// device present, the ordinal valid, the communicator's NCCL device.
+// device present, the ordinal valid, the communicator's NCCL device, and the
+// tensors' pointers really device memory of that device.
 void checkCudaReady(shoal_comm& comm, const char* call, MemoryRoute& route);
 // The host round before a CUDA call (uses `sequence`): throws on every rank
 // when any rank refused (the local reason, or which status another rank

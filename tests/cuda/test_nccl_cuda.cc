@@ -201,6 +201,26 @@ TEST(NcclTransport, LosslessCudaCompressorsMatchHost) {
   });
 }
 
+// Host memory described as CUDA memory is refused before NCCL sees it, on
+// every rank, and the communicator stays usable.
+TEST(NcclTransport, HostPointerLabelledCudaIsRefusedEverywhere) {
+  DEVICES_OR_SKIP(devices);
+  const int n = std::min(devices, 8);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    std::vector<float> host(64, 1.0f);
+    DeviceCopy device(std::vector<uint8_t>(64 * 4, 0));
+    // The last rank lies about its input; the others pass real device memory.
+    shoal_tensor_t input = cudaTensor(rank == n - 1 ? static_cast<void*>(host.data()) : device.data, 64, SHOAL_F32, rank);
+    shoal_status_t status = shoal_allreduce_tensor(comm, &input, &input, SHOAL_SUM, nullptr);
+    EXPECT_EQ(status, SHOAL_ERR_INVALID_ARGUMENT) << shoal_last_error(comm);
+    std::string text = shoal_last_error(comm);
+    EXPECT_NE(text.find(rank == n - 1 ? "not CUDA memory of device" : "another rank"), std::string::npos) << text;
+    int one = 1, sum = 0;
+    if (callOk(shoal_allreduce(comm, &one, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "host allreduce after")) EXPECT_EQ(sum, n);
+  });
+}
+
 // NCCL's initialisation waits for every rank: a rank that never comes is the
 // deadline's business, and the wait ends with an error, not a hang.
 TEST(NcclTransport, PeerThatNeverJoinsIsADeadline) {
