@@ -121,6 +121,13 @@ void checkCudaReady(shoal_comm& comm, const char* call, MemoryRoute& route) {
 #endif
 }
 
+namespace {
+// What every rank must agree on for a CUDA call: its kind, dtype, count and op or root.
+std::string describeCall(const char* kind, shoal_dtype_t dtype, size_t count, int opOrRoot) {
+  return fmt::format("{}|{}|{}|{}", kind, static_cast<int>(dtype), count, opOrRoot);
+}
+}  // namespace
+
 void agreeOnCudaCall(shoal_comm& comm, uint64_t sequence, const std::string& description, const MemoryRoute& route) {
   uint64_t hash = std::hash<std::string>{}(description);
   uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(route.refusal))};
@@ -130,7 +137,8 @@ void agreeOnCudaCall(shoal_comm& comm, uint64_t sequence, const std::string& des
     });
   } catch (const Error& error) {
     // Peers that made a host call meet this round as a mismatch: this rank's own reason says more.
-    if (route.refusal != SHOAL_OK) fail(route.refusal, "{} (then the ranks could not agree: {})", route.why, error.what());
+    if (route.refusal != SHOAL_OK)
+      fail(route.refusal, "{} (then the ranks could not agree: {})", route.why, error.what());
     throw;
   }
   if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
@@ -192,8 +200,7 @@ void onDevice(shoal_comm& comm, const MemoryRoute& route, Body&& body) {
 
 void cudaAllreduce(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
                    size_t count, shoal_dtype_t dtype, shoal_op_t op) {
-  agreeOnCudaCall(comm, sequence, fmt::format("allreduce|{}|{}|{}", static_cast<int>(dtype), count, static_cast<int>(op)),
-                  route);
+  agreeOnCudaCall(comm, sequence, describeCall("allreduce", dtype, count, op), route);
   onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
     nc.allreduce(send, recv, count, dtype, op, route.stream, deadline);
   });
@@ -201,7 +208,7 @@ void cudaAllreduce(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
 
 void cudaAllgather(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
                    size_t sendcount, shoal_dtype_t dtype) {
-  agreeOnCudaCall(comm, sequence, fmt::format("allgather|{}|{}", static_cast<int>(dtype), sendcount), route);
+  agreeOnCudaCall(comm, sequence, describeCall("allgather", dtype, sendcount, 0), route);
   onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
     nc.allgather(send, recv, sendcount, dtype, route.stream, deadline);
   });
@@ -209,7 +216,7 @@ void cudaAllgather(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
 
 void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
                    size_t count, shoal_dtype_t dtype, int root) {
-  agreeOnCudaCall(comm, sequence, fmt::format("broadcast|{}|{}|{}", static_cast<int>(dtype), count, root), route);
+  agreeOnCudaCall(comm, sequence, describeCall("broadcast", dtype, count, root), route);
   onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
     nc.broadcast(comm.rank == root ? send : recv, recv, count, dtype, root, route.stream, deadline);
   });
@@ -242,18 +249,17 @@ namespace {
 
 void cudaAllreduce(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void*, void*, size_t count,
                    shoal_dtype_t dtype, shoal_op_t op) {
-  agreeOnCudaCall(comm, sequence, fmt::format("allreduce|{}|{}|{}", static_cast<int>(dtype), count, static_cast<int>(op)),
-                  route);
+  agreeOnCudaCall(comm, sequence, describeCall("allreduce", dtype, count, op), route);
   unreachable();
 }
 void cudaAllgather(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void*, void*, size_t sendcount,
                    shoal_dtype_t dtype) {
-  agreeOnCudaCall(comm, sequence, fmt::format("allgather|{}|{}", static_cast<int>(dtype), sendcount), route);
+  agreeOnCudaCall(comm, sequence, describeCall("allgather", dtype, sendcount, 0), route);
   unreachable();
 }
 void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void*, void*, size_t count,
                    shoal_dtype_t dtype, int root) {
-  agreeOnCudaCall(comm, sequence, fmt::format("broadcast|{}|{}|{}", static_cast<int>(dtype), count, root), route);
+  agreeOnCudaCall(comm, sequence, describeCall("broadcast", dtype, count, root), route);
   unreachable();
 }
 void cudaPayloadAllreduce(shoal_comm&, const MemoryRoute&, void*, size_t, shoal_dtype_t, shoal_op_t) { unreachable(); }

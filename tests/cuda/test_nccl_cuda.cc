@@ -61,6 +61,10 @@ shoal_tensor_t cudaTensor(void* data, size_t count, shoal_dtype_t dtype, int dev
   return tensor;
 }
 
+// -2, -1, 0, 1, 2 as f16 and bf16 bits.
+const uint16_t kHalf[] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000};
+const uint16_t kBFloat16[] = {0xc000, 0xbf80, 0x0000, 0x3f80, 0x4000};
+
 // Elements whose reductions are exact in any order: small integers (as the
 // dtype's values) for floats, any bits for integers (wrapping is associative).
 std::vector<uint8_t> exactElements(shoal_dtype_t dtype, size_t count, std::mt19937_64& random) {
@@ -73,8 +77,8 @@ std::vector<uint8_t> exactElements(shoal_dtype_t dtype, size_t count, std::mt199
     switch (dtype) {
       case SHOAL_F32: { float v = float(small); std::memcpy(at, &v, 4); break; }
       case SHOAL_F64: { double v = double(small); std::memcpy(at, &v, 8); break; }
-      case SHOAL_F16: { const uint16_t h[] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000}; std::memcpy(at, &h[small + 2], 2); break; }
-      case SHOAL_BF16: { const uint16_t b[] = {0xc000, 0xbf80, 0x0000, 0x3f80, 0x4000}; std::memcpy(at, &b[small + 2], 2); break; }
+      case SHOAL_F16: std::memcpy(at, &kHalf[small + 2], 2); break;
+      case SHOAL_BF16: std::memcpy(at, &kBFloat16[small + 2], 2); break;
       default: std::memcpy(at, &bits, element);
     }
   }
@@ -97,7 +101,8 @@ TEST(NcclTransport, AllreduceOfCudaTensorsMatchesHost) {
           std::vector<uint8_t> input = exactElements(dtype, count, random), expected(input.size());
           if (!callOk(shoal_allreduce(comm, input.data(), expected.data(), count, dtype, op), comm, what)) return;
           DeviceCopy send(input), recv(std::vector<uint8_t>(input.size(), 0));
-          shoal_tensor_t in = cudaTensor(send.data, count, dtype, rank), out = cudaTensor(recv.data, count, dtype, rank);
+          shoal_tensor_t in = cudaTensor(send.data, count, dtype, rank);
+          shoal_tensor_t out = cudaTensor(recv.data, count, dtype, rank);
           if (!callOk(shoal_allreduce_tensor(comm, &in, &out, op, nullptr), comm, what)) return;
           EXPECT_EQ(recv.toHost(), expected) << what;
           EXPECT_EQ(send.toHost(), input) << what << ": the input changed";
@@ -125,7 +130,8 @@ TEST(NcclTransport, AllgatherAndBroadcastOfCudaTensorsMatchHost) {
 
       const int root = n - 1;
       std::vector<uint8_t> values = exactElements(SHOAL_F64, count, random), broadcast = values;
-      if (!callOk(shoal_broadcast(comm, broadcast.data(), broadcast.data(), count, SHOAL_F64, root), comm, "host bcast"))
+      if (!callOk(shoal_broadcast(comm, broadcast.data(), broadcast.data(), count, SHOAL_F64, root), comm,
+                  "host broadcast"))
         return;
       DeviceCopy device(values);
       shoal_tensor_t tensor = cudaTensor(device.data, count, SHOAL_F64, rank, stream);
@@ -211,13 +217,15 @@ TEST(NcclTransport, HostPointerLabelledCudaIsRefusedEverywhere) {
     std::vector<float> host(64, 1.0f);
     DeviceCopy device(std::vector<uint8_t>(64 * 4, 0));
     // The last rank lies about its input; the others pass real device memory.
-    shoal_tensor_t input = cudaTensor(rank == n - 1 ? static_cast<void*>(host.data()) : device.data, 64, SHOAL_F32, rank);
+    void* data = rank == n - 1 ? static_cast<void*>(host.data()) : device.data;
+    shoal_tensor_t input = cudaTensor(data, 64, SHOAL_F32, rank);
     shoal_status_t status = shoal_allreduce_tensor(comm, &input, &input, SHOAL_SUM, nullptr);
     EXPECT_EQ(status, SHOAL_ERR_INVALID_ARGUMENT) << shoal_last_error(comm);
     std::string text = shoal_last_error(comm);
     EXPECT_NE(text.find(rank == n - 1 ? "not CUDA memory of device" : "another rank"), std::string::npos) << text;
     int one = 1, sum = 0;
-    if (callOk(shoal_allreduce(comm, &one, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "host allreduce after")) EXPECT_EQ(sum, n);
+    if (callOk(shoal_allreduce(comm, &one, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "host allreduce after"))
+      EXPECT_EQ(sum, n);
   });
 }
 

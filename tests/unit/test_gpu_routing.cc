@@ -48,7 +48,8 @@ std::vector<std::vector<uint64_t>> simulateRing(const std::vector<std::vector<ui
     for (int r = 0; r < n; ++r) {
       int left = (r + n - 1) % n;
       shoal::nccl::RingStep at = shoal::nccl::reduceScatterStep(r, n, step);
-      EXPECT_EQ(at.receiveBlock, shoal::nccl::reduceScatterStep(left, n, step).sendBlock) << "n " << n << " step " << step;
+      EXPECT_EQ(at.receiveBlock, shoal::nccl::reduceScatterStep(left, n, step).sendBlock)
+          << "n " << n << " step " << step;
       shoal::nccl::BlockRange in = block(at.receiveBlock);
       EXPECT_EQ(wire[left].size(), in.count);
       reducer.combine(data[r].data() + in.offset, wire[left].data(), in.count);

@@ -138,7 +138,8 @@ struct Communicator::Impl {
       cudaError_t status = cudaEventQuery(done);
       if (status == cudaSuccess) return;
       if (status != cudaErrorNotReady)
-        failWith(SHOAL_ERR_SYSTEM, fmt::format("NCCL {}: the CUDA stream failed: {}", what, cudaGetErrorString(status)));
+        failWith(SHOAL_ERR_SYSTEM,
+                 fmt::format("NCCL {}: the CUDA stream failed: {}", what, cudaGetErrorString(status)));
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm, &async);
       if (async != ncclSuccess && async != ncclInProgress)
