@@ -18,17 +18,12 @@
 namespace shoal {
 
 #if SHOAL_WITH_NCCL
-struct DeviceGather {
-  nccl::DeviceBuffer buffer;
-};
 void NcclRelease::operator()(nccl::Communicator* communicator) const { delete communicator; }
+uint64_t cudaBytesSent(const shoal_comm& comm) { return comm.nccl ? comm.nccl->bytesSent() : 0; }
 #else
-struct DeviceGather {};
 void NcclRelease::operator()(nccl::Communicator*) const {}
+uint64_t cudaBytesSent(const shoal_comm&) { return 0; }
 #endif
-
-void DeviceGatherDeleter::operator()(DeviceGather* space) const { delete space; }
-DeviceGather* newDeviceGather() { return new DeviceGather; }
 
 void MemoryRoute::refuse(shoal_status_t status, std::string text) {
   if (refusal != SHOAL_OK) return;
@@ -229,13 +224,12 @@ void cudaPayloadAllreduce(shoal_comm& comm, const MemoryRoute& route, void* buff
   });
 }
 
-const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, const void* send, size_t count,
-                                  shoal_dtype_t dtype, DeviceGather& space, std::vector<size_t>& counts,
-                                  std::vector<size_t>& displs) {
+const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, int slot, const void* send, size_t count,
+                                  shoal_dtype_t dtype, std::vector<size_t>& counts, std::vector<size_t>& displs) {
   size_t total = gatherCounts(comm, count, counts, displs);
   void* gathered = nullptr;
   onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
-    gathered = space.buffer.reserve(total * dtypeSize(dtype), route.device);
+    gathered = nc.gatherSpace(slot, total * dtypeSize(dtype));
     nc.allgatherv(send, gathered, counts.data(), displs.data(), dtype, route.stream, deadline);
   });
   return gathered;
@@ -263,7 +257,7 @@ void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
   unreachable();
 }
 void cudaPayloadAllreduce(shoal_comm&, const MemoryRoute&, void*, size_t, shoal_dtype_t, shoal_op_t) { unreachable(); }
-const void* cudaPayloadAllgatherv(shoal_comm&, const MemoryRoute&, const void*, size_t, shoal_dtype_t, DeviceGather&,
+const void* cudaPayloadAllgatherv(shoal_comm&, const MemoryRoute&, int, const void*, size_t, shoal_dtype_t,
                                   std::vector<size_t>&, std::vector<size_t>&) {
   unreachable();
 }

@@ -56,14 +56,13 @@ void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
 // A compressed payload's collective on device memory, inside a call the
 // ranks already agreed on (no host round): allreduce in place; allgatherv
 // into driver-owned device memory (counts travel over the host transport).
-struct DeviceGather;  // driver-owned device space, one per payload slot
 void cudaPayloadAllreduce(shoal_comm& comm, const MemoryRoute& route, void* buffer, size_t count, shoal_dtype_t dtype,
                           shoal_op_t op);
-const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, const void* send, size_t count,
-                                  shoal_dtype_t dtype, DeviceGather& space, std::vector<size_t>& counts,
-                                  std::vector<size_t>& displs);
-// Device space for gathered payloads (empty outside the NCCL build).
-struct DeviceGatherDeleter { void operator()(DeviceGather* space) const; };
-DeviceGather* newDeviceGather();
+// Returns where the gathered data lies: device memory of slot `slot` that stays
+// valid until the next gather into that slot.
+const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, int slot, const void* send, size_t count,
+                                  shoal_dtype_t dtype, std::vector<size_t>& counts, std::vector<size_t>& displs);
+// Bytes this rank sent over NCCL so far (0 without an NCCL communicator).
+uint64_t cudaBytesSent(const shoal_comm& comm);
 
 }  // namespace shoal

@@ -125,7 +125,6 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
 struct GatherSpace {
   std::vector<uint8_t> data;
   std::vector<size_t> counts, displs;
-  std::unique_ptr<DeviceGather, DeviceGatherDeleter> device;  // gathered CUDA payloads
 };
 
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
@@ -148,7 +147,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   operation.step = comm.compressors.nextStep();
   operation.error_text = errorText;
   operation.error_text_size = sizeof errorText;
-  uint64_t sentBefore = comm.transport->bytesSent();
+  uint64_t sentBefore = comm.transport->bytesSent() + cudaBytesSent(comm);
   void* opState = nullptr;
   shoal_status_t startStatus =
       route.refusal != SHOAL_OK ? route.refusal : table.start(instance.handle(), &operation, &opState);
@@ -178,7 +177,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
   }
-  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+  stats.wireBytes = comm.transport->bytesSent() + cudaBytesSent(comm) - sentBefore;
 }
 
 // The rounds after a successful start(); always ends with finish().
@@ -213,9 +212,8 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
           if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
             cudaPayloadAllreduce(comm, route, payload.buffer, payload.count, payload.dtype, payload.op);
           } else {
-            if (!space.device) space.device.reset(newDeviceGather());
-            payload.gathered = cudaPayloadAllgatherv(comm, route, payload.buffer, payload.count, payload.dtype,
-                                                     *space.device, space.counts, space.displs);
+            payload.gathered = cudaPayloadAllgatherv(comm, route, p, payload.buffer, payload.count, payload.dtype,
+                                                     space.counts, space.displs);
             payload.gathered_counts = space.counts.data();
             payload.gathered_displs = space.displs.data();
           }

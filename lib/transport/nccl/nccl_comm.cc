@@ -78,8 +78,13 @@ struct Communicator::Impl {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 1, device = 0;
   cudaEvent_t done = nullptr;
-  void* scratch = nullptr;  // the device ring's receive block
-  size_t scratchBytes = 0;
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  Buffer scratch;              // the device ring's receive block
+  std::vector<Buffer> gathers;  // gatherSpace() slots
+  uint64_t sent = 0;
   std::function<void()> peerCheck;
   std::string failure;
 
@@ -155,15 +160,15 @@ struct Communicator::Impl {
                              "communicator. Cause: {}", failure);
   }
 
-  void* scratchFor(size_t bytes) {
-    if (scratchBytes < bytes) {
-      if (scratch != nullptr) cudaFree(scratch);
-      scratch = nullptr;
-      scratchBytes = 0;
-      DeviceGuard::check(cudaMalloc(&scratch, bytes), "cudaMalloc (NCCL ring scratch)");
-      scratchBytes = bytes;
+  // Device memory on this communicator's device (the current one: callers hold a DeviceGuard).
+  static void* grow(Buffer& buffer, size_t bytes, const char* what) {
+    if (buffer.bytes < bytes || buffer.data == nullptr) {
+      if (buffer.data != nullptr) cudaFree(buffer.data);
+      buffer = Buffer{};
+      DeviceGuard::check(cudaMalloc(&buffer.data, bytes > 0 ? bytes : 1), what);
+      buffer.bytes = bytes;
     }
-    return scratch;
+    return buffer.data;
   }
 };
 
@@ -218,7 +223,9 @@ Communicator::Impl::~Impl() {
     if (result == ncclSuccess) ncclCommDestroy(comm);
     else ncclCommAbort(comm);
   }
-  if (scratch != nullptr) cudaFree(scratch);
+  if (scratch.data != nullptr) cudaFree(scratch.data);
+  for (Buffer& buffer : gathers)
+    if (buffer.data != nullptr) cudaFree(buffer.data);
   if (done != nullptr) cudaEventDestroy(done);
   cudaSetDevice(previous);
 }
@@ -236,6 +243,7 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, shoal_d
   if (count > 0) {
     m.settle(ncclAllReduce(send, recv, count, ncclType(dtype), ncclOp(op), m.comm, asStream(stream)), "allreduce",
              deadline);
+    m.sent += 2 * (count * dtypeSize(dtype)) * (m.size - 1) / m.size;
     cuda::finishOnDevice(recv, count, dtype, op, m.size, stream);
   }
   m.complete(asStream(stream), "allreduce", deadline);
@@ -254,11 +262,14 @@ void Communicator::ringAllreduce(const void* send, void* recv, size_t count, sho
   const int n = m.size, r = m.rank;
   const int left = (r + n - 1) % n, right = (r + 1) % n;
   auto block = [&](int b) { return ringBlock(count, n, b); };
-  uint8_t* scratch = n > 1 && count > 0 ? static_cast<uint8_t*>(m.scratchFor(block(0).count * element)) : nullptr;
+  uint8_t* scratch = n > 1 && count > 0
+                         ? static_cast<uint8_t*>(m.grow(m.scratch, block(0).count * element, "cudaMalloc (ring scratch)"))
+                         : nullptr;
   // One grouped send/receive per step; zero-length blocks (count < n) are skipped on both sides.
   auto exchange = [&](const uint8_t* sendFrom, size_t sendBytes, uint8_t* receiveInto, size_t receiveBytes) {
     m.settle(ncclGroupStart(), "ring group start", deadline);
     if (sendBytes > 0) m.settle(ncclSend(sendFrom, sendBytes, ncclUint8, right, m.comm, s), "ring send", deadline);
+    m.sent += sendBytes;
     if (receiveBytes > 0)
       m.settle(ncclRecv(receiveInto, receiveBytes, ncclUint8, left, m.comm, s), "ring receive", deadline);
     m.settle(ncclGroupEnd(), "ring step", deadline);
@@ -288,6 +299,7 @@ void Communicator::allgather(const void* send, void* recv, size_t sendcount, sho
   DeviceGuard guard(m.device);
   if (sendcount > 0)
     m.settle(ncclAllGather(send, recv, sendcount, ncclType(dtype), m.comm, asStream(stream)), "allgather", deadline);
+  m.sent += sendcount * dtypeSize(dtype) * (m.size - 1);
   m.complete(asStream(stream), "allgather", deadline);
 }
 
@@ -308,6 +320,7 @@ void Communicator::allgatherv(const void* send, void* recv, const size_t* counts
   for (int peer = 0; peer < m.size; ++peer) {
     if (peer == m.rank) continue;
     if (mine > 0) m.settle(ncclSend(send, mine, ncclUint8, peer, m.comm, s), "allgatherv send", deadline);
+    m.sent += mine;
     if (counts[peer] > 0)
       m.settle(ncclRecv(out + displs[peer] * element, counts[peer] * element, ncclUint8, peer, m.comm, s),
                "allgatherv receive", deadline);
@@ -323,6 +336,7 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, shoal_d
   DeviceGuard guard(m.device);
   if (count > 0)
     m.settle(ncclBroadcast(send, recv, count, ncclType(dtype), root, m.comm, asStream(stream)), "broadcast", deadline);
+  if (m.rank != (root + m.size - 1) % m.size) m.sent += count * dtypeSize(dtype);  // a chain: all but its end send
   m.complete(asStream(stream), "broadcast", deadline);
 }
 
@@ -337,34 +351,19 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recvcount,
   if (recvcount > 0) {
     m.settle(ncclReduceScatter(send, recv, recvcount, ncclType(dtype), ncclOp(op), m.comm, asStream(stream)),
              "reduce-scatter", deadline);
+    m.sent += recvcount * dtypeSize(dtype) * (m.size - 1);
     cuda::finishOnDevice(recv, recvcount, dtype, op, m.size, stream);
   }
   m.complete(asStream(stream), "reduce-scatter", deadline);
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_ != nullptr) {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    cudaFree(data_);
-    cudaSetDevice(previous);
-  }
+void* Communicator::gatherSpace(int slot, size_t bytes) {
+  Impl& m = *impl_;
+  DeviceGuard guard(m.device);
+  if (m.gathers.size() <= static_cast<size_t>(slot)) m.gathers.resize(slot + 1);
+  return m.grow(m.gathers[slot], bytes, "cudaMalloc (gather space)");
 }
 
-void* DeviceBuffer::reserve(size_t bytes, int device) {
-  if (data_ != nullptr && capacity_ >= bytes && device_ == device) return data_;
-  DeviceGuard guard(device);
-  if (data_ != nullptr) {
-    DeviceGuard old(device_);
-    cudaFree(data_);
-  }
-  data_ = nullptr;
-  capacity_ = 0;
-  DeviceGuard::check(cudaMalloc(&data_, bytes > 0 ? bytes : 1), "cudaMalloc (gather space)");
-  capacity_ = bytes;
-  device_ = device;
-  return data_;
-}
+uint64_t Communicator::bytesSent() const { return impl_->sent; }
 
 }  // namespace shoal::nccl

@@ -68,6 +68,13 @@ class Communicator {
   void reduceScatter(const void* send, void* recv, size_t recvcount, shoal_dtype_t dtype, shoal_op_t op,
                      void* stream, Deadline deadline);
 
+  // Device memory on this communicator's device that lives as long as it,
+  // one buffer per slot (the driver's gathered payloads): grows, never shrinks.
+  void* gatherSpace(int slot, size_t bytes);
+  // Bytes this rank has sent: exact for shoal's own ring and allgatherv; for
+  // NCCL's collectives what a ring moves (NCCL's own choice is not visible).
+  uint64_t bytesSent() const;
+
  private:
   struct Impl;
   explicit Communicator(std::unique_ptr<Impl> impl);
@@ -76,22 +83,5 @@ class Communicator {
 
 // True when ncclAllReduce computes (dtype, op) itself (avg via sum + device division).
 bool isNativeAllreduce(shoal_dtype_t dtype, shoal_op_t op);
-
-// Device memory on the current device, freed on destruction (driver-owned
-// gather space for compressed payloads). Grows, never shrinks.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* reserve(size_t bytes, int device);
-  void* data() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-  size_t capacity_ = 0;
-  int device_ = 0;
-};
 
 }  // namespace shoal::nccl
