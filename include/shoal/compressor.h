@@ -28,8 +28,14 @@
  * allreduced in round 0) and fails on every rank otherwise.
  *
  * Threading: a compressor instance is used by one thread at a time.
- * Memory: SHOAL_MEMORY_HOST tensors in this version; a compressor without the
- * SHOAL_CAP_CUDA capability is never given CUDA tensors.
+ * Memory: a compressor without the SHOAL_CAP_CUDA capability is never given
+ * CUDA tensors (the call fails on every rank instead: shoal never stages CUDA
+ * tensors through host memory). With SHOAL_CAP_CUDA, the payloads of an op on
+ * CUDA tensors live in device memory on the input's device, work is ordered
+ * on input.stream, and the driver runs each payload's collective over NCCL on
+ * that stream (allgatherv results land in driver-owned device memory; the
+ * gathered counts and displacements stay host arrays). When round() is called
+ * again, the previous round's collectives have completed.
  */
 #ifndef SHOAL_COMPRESSOR_H
 #define SHOAL_COMPRESSOR_H

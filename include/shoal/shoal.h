@@ -166,9 +166,25 @@ typedef struct shoal_allreduce_options {
 
 /* Allreduce of a tensor with SHOAL_SUM or SHOAL_AVG (other ops never compress),
  * through the selected compressor. output may equal input (in place).
+ * Host or CUDA memory (see "collectives on tensors" below); compressing CUDA
+ * tensors needs a compressor with SHOAL_CAP_CUDA (never staged through host).
  * shoal_allreduce() is this call with a 1-D unnamed tensor and default options. */
 shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
                                       shoal_op_t op, const shoal_allreduce_options_t *options);
+
+/* ---- collectives on tensors: host or CUDA memory ------------------------- */
+/* Tensors may live in host or CUDA memory (a CUDA-enabled build with NCCL):
+ * CUDA tensors travel over NCCL, ordered on the input tensor's stream, and the
+ * call returns once the work is complete. Every tensor of a call has the same
+ * memory kind and device, and every rank makes the call with the same kind;
+ * otherwise (or with no usable device, or in a build without CUDA) the call
+ * fails on every rank with the reason: SHOAL_ERR_INVALID_ARGUMENT for bad
+ * arguments, SHOAL_ERR_UNSUPPORTED where this build or machine cannot. */
+
+/* output holds world_size x input's elements, rank r's at r x count. */
+shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output);
+/* In place: root's tensor is copied into every rank's tensor. */
+shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t *tensor, int root);
 
 /* What the last compressed call on comm did (for benchmarks and logs). */
 typedef struct shoal_compress_stats {

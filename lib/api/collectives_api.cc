@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "api/comm.h"
+#include "api/cuda_route.h"
 #include "api/run.h"
 #include "plugin/driver.h"
 #include "collectives/collectives.h"
@@ -56,6 +57,18 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
          call);
 }
 
+// Elements of a tensor after checking its rank and shape.
+size_t checkedElements(const char* call, const char* name, const shoal_tensor_t* tensor) {
+  if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, name);
+  if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, name, tensor->ndim, SHOAL_MAX_DIMS);
+  for (int d = 0; d < tensor->ndim; ++d)
+    if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is negative", call, name, d);
+  size_t elements = plugin::elementsCount(*tensor);
+  checkedBytes(call, name, elements, tensor->dtype);
+  return elements;
+}
+
 }  // namespace
 }  // namespace shoal
 
@@ -77,12 +90,9 @@ void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void*
   runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
 }
 
-void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,
-                     std::vector<uint8_t>& gathered, std::vector<size_t>& counts, std::vector<size_t>& displs) {
-  const size_t element = dtypeSize(dtype);
+size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs) {
   counts.assign(comm.size, 0);
   counts[comm.rank] = count;
-  // First every rank's count (one element per rank), then the data.
   Blocks countBlocks = blocksFrom(std::vector<size_t>(comm.size, 1).data(), nullptr, sizeof(size_t), comm.size,
                                   comm.segmentBytes, comm.size);
   runCollective(comm, comm.sequence++, [&](Context& context) {
@@ -94,6 +104,14 @@ void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dty
     displs[r] = total;
     total += counts[r];
   }
+  return total;
+}
+
+void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,
+                     std::vector<uint8_t>& gathered, std::vector<size_t>& counts, std::vector<size_t>& displs) {
+  const size_t element = dtypeSize(dtype);
+  // First every rank's count, then the data.
+  const size_t total = gatherCounts(comm, count, counts, displs);
   gathered.resize(total * element);
   if (count > 0) std::memcpy(gathered.data() + displs[comm.rank] * element, send, count * element);
   const uint64_t sequence = comm.sequence++;
@@ -130,37 +148,123 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     const uint64_t sequence = c.sequence++;
     if (input == nullptr || output == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-    if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
-           options->struct_size);
     shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-    if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
-    checkDtypeOp(call, input->dtype, op);
-    if (output->dtype != input->dtype)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
-           shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-    if (input->memory != SHOAL_MEMORY_HOST || output->memory != SHOAL_MEMORY_HOST)
-      fail(SHOAL_ERR_UNSUPPORTED, "{}: CUDA tensors need a CUDA-enabled build; this build handles host memory", call);
-    size_t count = 1;
-    for (const shoal_tensor_t* tensor : {input, output}) {
-      if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
-      size_t elements = 1;
-      for (int d = 0; d < tensor->ndim; ++d) {
-        if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
-        elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
+    // Memory kinds are checked again by the driver, which routes the call.
+    MemoryRoute route = routeOf(call, {input, output});
+    checkCudaArguments(c, sequence, route, [&] {
+      if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
+             options->struct_size);
+      if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+      checkDtypeOp(call, input->dtype, op);
+      if (output->dtype != input->dtype)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+      size_t count = 1;
+      for (const shoal_tensor_t* tensor : {input, output}) {
+        if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
+        size_t elements = 1;
+        for (int d = 0; d < tensor->ndim; ++d) {
+          if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
+          elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
+        }
+        count = elements;
       }
-      count = elements;
-    }
-    if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
-           call, plugin::elementsCount(*input), plugin::elementsCount(*output));
-    size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
-    checkBuffer(call, "input->data", input->data, bytes);
-    checkBuffer(call, "output->data", output->data, bytes);
-    checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
+      if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
+             call, plugin::elementsCount(*input), plugin::elementsCount(*output));
+      size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
+      checkBuffer(call, "input->data", input->data, bytes);
+      checkBuffer(call, "output->data", output->data, bytes);
+      checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
+    });
     allreduceTensor(c, sequence, *input, *output, op, &resolved);
   });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                   const shoal_tensor_t* output) {
+  const char* call = "shoal_allgather_tensor";
+  size_t count = 0;
+  bool host = false;
+  shoal_status_t status = guarded(comm, [&] {
+    shoal_comm& c = usableComm(comm, call);
+    if (input == nullptr || output == nullptr) {
+      c.sequence++;  // a refused call still takes its number (see runCollective)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+    }
+    MemoryRoute route = routeOf(call, {input, output});
+    auto checks = [&] {
+      count = checkedElements(call, "input", input);
+      size_t outputCount = checkedElements(call, "output", output);
+      checkDtype(call, input->dtype);
+      if (output->dtype != input->dtype)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+      size_t bytes = checkedBytes(call, "input elements x world size", count, input->dtype, c.size) / c.size;
+      if (outputCount != count * c.size)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output has {} elements; it must hold world size x input = {}", call,
+             outputCount, count * c.size);
+      checkBuffer(call, "input->data", input->data, bytes);
+      checkBuffer(call, "output->data", output->data, bytes * c.size);
+      const uint8_t* inPlace = static_cast<const uint8_t*>(output->data) + c.rank * bytes;
+      checkNoPartialOverlap(call, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
+    };
+    if (!route.cuda) {
+      try {
+        checks();
+      } catch (const Error&) {
+        c.sequence++;
+        throw;
+      }
+      host = true;  // shoal_allgather takes the call's number
+      return;
+    }
+    const uint64_t sequence = c.sequence++;
+    checkCudaArguments(c, sequence, route, checks);
+    checkCudaReady(c, call, route);
+    cudaAllgather(c, sequence, route, input->data, output->data, count, input->dtype);
+  });
+  if (status != SHOAL_OK || !host) return status;
+  return shoal_allgather(comm, input->data, output->data, count, input->dtype);
+}
+
+SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t* tensor, int root) {
+  const char* call = "shoal_broadcast_tensor";
+  size_t count = 0;
+  bool host = false;
+  shoal_status_t status = guarded(comm, [&] {
+    shoal_comm& c = usableComm(comm, call);
+    if (tensor == nullptr) {
+      c.sequence++;
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensor is NULL", call);
+    }
+    MemoryRoute route = routeOf(call, {tensor});
+    auto checks = [&] {
+      count = checkedElements(call, "tensor", tensor);
+      checkDtype(call, tensor->dtype);
+      checkBuffer(call, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
+      if (root < 0 || root >= c.size)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+    };
+    if (!route.cuda) {
+      try {
+        checks();
+      } catch (const Error&) {
+        c.sequence++;
+        throw;
+      }
+      host = true;  // shoal_broadcast takes the call's number
+      return;
+    }
+    const uint64_t sequence = c.sequence++;
+    checkCudaArguments(c, sequence, route, checks);
+    checkCudaReady(c, call, route);
+    cudaBroadcast(c, sequence, route, tensor->data, tensor->data, count, tensor->dtype, root);
+  });
+  if (status != SHOAL_OK || !host) return status;
+  return shoal_broadcast(comm, tensor->data, tensor->data, count, tensor->dtype, root);
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* sendbuf, size_t sendcount, void* recvbuf,

@@ -135,6 +135,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   transportOptions.worldSize = comm->size;
   transportOptions.store = comm->store.get();
   transportOptions.keyPrefix = nextKeyPrefix(storeOptions.url, comm->rank);
+  comm->keyPrefix = transportOptions.keyPrefix;
   transportOptions.timeoutS = comm->timeoutS;
   if (config::getString("SHOAL_SPIN_ROUNDS") != "auto") {
     long long spinRounds = config::getInt("SHOAL_SPIN_ROUNDS");
@@ -181,6 +182,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_
     if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: comm is NULL");
     if (comm->finalized) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: already finalized");
     comm->finalized = true;
+    comm->nccl.reset();
     comm->transport.reset();
     comm->store.reset();
   });
@@ -189,6 +191,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_
 __attribute__((visibility("default"))) shoal_status_t shoal_comm_destroy(shoal_comm_t comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) return;
+    comm->nccl.reset();
     comm->transport.reset();
     comm->store.reset();
     delete comm;

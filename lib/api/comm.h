@@ -12,6 +12,9 @@
 #include "shoal/shoal.h"
 #include "transport/transport.h"
 
+namespace shoal::nccl { class Communicator; }
+namespace shoal { struct NcclRelease { void operator()(nccl::Communicator* communicator) const; }; }
+
 struct shoal_comm {
   int rank = 0;
   int size = 1;
@@ -22,6 +25,9 @@ struct shoal_comm {
   uint64_t sequence = 0;   // collective calls so far: feeds the message tags
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
+  std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
+  std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (api/cuda_route.cc)
+  int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
   shoal::Scratch scratch;  // reused by every call
   shoal::plugin::CompressorCache compressors;  // compressor instances and per-tensor state
   shoal::plugin::CompressStats lastStats;

@@ -37,6 +37,9 @@ inline void emptyCall(shoal_comm& comm, uint64_t sequence) {
 // The uncompressed allreduce of count elements (send may equal recv).
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op);
+// Every rank's count (one host allgather): fills counts and packed
+// displacements (elements), returns the total.
+size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs);
 // Allgatherv of this rank's `count` elements into `gathered` (resized), with
 // every rank's count and displacement (in elements).
 void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "api/cuda_route.h"
 #include "api/run.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -127,11 +128,13 @@ struct GatherSpace {
 };
 
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats);
+               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route);
 
+// route.refusal != OK: this rank cannot run the call on its tensors' memory;
+// start() is skipped and the refusal reaches every rank through the agreement.
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                    std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
-                   plugin::CompressStats& stats) {
+                   plugin::CompressStats& stats, const MemoryRoute& route) {
   const shoal_compressor_t& table = instance.table();
   char errorText[512] = {};
   shoal_compress_op_t operation{};
@@ -144,9 +147,10 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   operation.step = comm.compressors.nextStep();
   operation.error_text = errorText;
   operation.error_text_size = sizeof errorText;
-  uint64_t sentBefore = comm.transport->bytesSent();
+  uint64_t sentBefore = comm.transport->bytesSent() + cudaBytesSent(comm);
   void* opState = nullptr;
-  shoal_status_t startStatus = table.start(instance.handle(), &operation, &opState);
+  shoal_status_t startStatus =
+      route.refusal != SHOAL_OK ? route.refusal : table.start(instance.handle(), &operation, &opState);
   uint64_t refusal = 0;
   try {
     refusal = agreeAndShareRefusal(comm, sequence, agreement, startStatus);
@@ -154,6 +158,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
     if (startStatus == SHOAL_OK) table.finish(instance.handle(), opState);
     throw;
   }
+  if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
   if (startStatus != SHOAL_OK)
     fail(startStatus, "compressor {} refused the call: {}", table.name,
          errorText[0] ? errorText : shoal_status_string(startStatus));
@@ -167,17 +172,19 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   // alone (a compressor bug, a payload the transport refuses) must reach them
   // at once, so it aborts the communicator as a failed collective does.
   try {
-    runRounds(comm, instance, operation, opState, errorText, stats);
+    runRounds(comm, instance, operation, opState, errorText, stats, route);
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
   }
-  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+  stats.wireBytes = comm.transport->bytesSent() + cudaBytesSent(comm) - sentBefore;
 }
 
 // The rounds after a successful start(); always ends with finish().
+// Payloads of an op on CUDA tensors are device memory: their collectives run
+// over NCCL on the input's stream (see include/shoal/compressor.h).
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats) {
+               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route) {
   const shoal_compressor_t& table = instance.table();
   auto failed = [&](shoal_status_t status, const std::string& stage) {
     fail(status, "compressor {} failed in {}: {}", table.name, stage, errorText[0] ? errorText : shoal_status_string(status));
@@ -200,7 +207,17 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
         shoal_payload_t& payload = round.payloads[p];
         validatePayload(table, round.index, payload);
         stats.payloadBytes += payload.count * dtypeSize(payload.dtype);
-        if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
+        if (route.cuda) {
+          GatherSpace& space = gathers[p];
+          if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
+            cudaPayloadAllreduce(comm, route, payload.buffer, payload.count, payload.dtype, payload.op);
+          } else {
+            payload.gathered = cudaPayloadAllgatherv(comm, route, p, payload.buffer, payload.count, payload.dtype,
+                                                     space.counts, space.displs);
+            payload.gathered_counts = space.counts.data();
+            payload.gathered_displs = space.displs.data();
+          }
+        } else if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
           plainAllreduce(comm, comm.sequence++, payload.buffer, payload.buffer, payload.count, payload.dtype,
                          payload.op);
         } else {
@@ -242,6 +259,22 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   if (!name.empty() && (name != "none" || !copts.empty())) instance = &comm.compressors.get(name, copts);
   bool compress = instance != nullptr && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
                   static_cast<long long>(bytes) >= minBytes && ((instance->table().dtypes >> input.dtype) & 1u);
+  // CUDA tensors: refusals are gathered here and shared with every rank in
+  // the call's first (host) round; never staged through host memory.
+  const char* call = "shoal_allreduce_tensor";
+  MemoryRoute route = routeOf(call, {&input, &output});
+  if (route.cuda && compress && !(instance->table().caps & SHOAL_CAP_CUDA))
+    route.refuse(SHOAL_ERR_UNSUPPORTED,
+                 fmt::format("{}: compressor {} cannot run on CUDA tensors (it lacks SHOAL_CAP_CUDA) and shoal never "
+                             "stages them through host memory: use a compressor with CUDA support, compressor "
+                             "\"none\" (plain NCCL allreduce), or host tensors",
+                             call, name));
+  checkCudaReady(comm, call, route);
+  if (!compress && route.cuda) {
+    cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
+    comm.lastStats = stats;
+    return;
+  }
   if (!compress) {
     plainAllreduce(comm, sequence, input.data, output.data, count, input.dtype, op);
     stats.wireBytes = 0;  // not tracked for the plain path
@@ -263,9 +296,10 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   std::string agreement = fmt::format("{}|{}|{}|{}|{}|", name, copts, static_cast<int>(op),
                                       static_cast<int>(input.dtype), tensorName ? tensorName : "");
   for (int d = 0; d < input.ndim; ++d) agreement += fmt::format("{},", input.shape[d]);
+  if (route.cuda) agreement += "|cuda";
   stats.compressor = name;
   try {
-    runCompressed(comm, sequence, *instance, tensors, op, agreement, stats);
+    runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)
       instance->table().destroy_tensor_state(instance->handle(), scratchState);

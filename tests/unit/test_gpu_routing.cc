@@ -1,0 +1,314 @@
+// The GPU path's logic that needs no GPU: the device ring's schedule (run
+// here as a simulation with the CPU reducer), and routing by memory kind:
+// every refusal of a call with CUDA tensors reaches every rank at once (no
+// deadline wait) with a text that says what to fix, and the communicator
+// stays usable. Runs in every build, with or without CUDA or a device.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/common/context.h"
+#include "collectives/common/reducer.h"
+#include "harness/harness.h"
+#include "harness/rank_sync.h"
+#include "plugin/registry.h"
+#include "shoal/compressor.h"
+#include "transport/nccl/ring_schedule.h"
+#if SHOAL_WITH_CUDA
+#include "cuda/device.h"
+#endif
+
+namespace {
+
+using shoal::test::callOk;
+using shoal::test::runRanks;
+using Clock = std::chrono::steady_clock;
+
+// ---- the device ring's schedule ------------------------------------------------
+
+// Runs the ring of nccl_comm.cc's ringAllreduce on n simulated ranks (the
+// sends of a step all happen before its receives, as in one NCCL group),
+// with the CPU reducer, and returns every rank's result.
+std::vector<std::vector<uint64_t>> simulateRing(const std::vector<std::vector<uint64_t>>& inputs, shoal_op_t op) {
+  const int n = static_cast<int>(inputs.size());
+  const size_t count = inputs[0].size();
+  shoal::Reducer reducer(SHOAL_U64, op);
+  std::vector<std::vector<uint64_t>> data = inputs;
+  auto block = [&](int b) { return shoal::nccl::ringBlock(count, n, b); };
+  for (int step = 0; step + 1 < n; ++step) {
+    std::vector<std::vector<uint64_t>> wire(n);  // wire[r]: what rank r sent right
+    for (int r = 0; r < n; ++r) {
+      shoal::nccl::BlockRange out = block(shoal::nccl::reduceScatterStep(r, n, step).sendBlock);
+      wire[r].assign(data[r].begin() + out.offset, data[r].begin() + out.offset + out.count);
+    }
+    for (int r = 0; r < n; ++r) {
+      int left = (r + n - 1) % n;
+      shoal::nccl::RingStep at = shoal::nccl::reduceScatterStep(r, n, step);
+      EXPECT_EQ(at.receiveBlock, shoal::nccl::reduceScatterStep(left, n, step).sendBlock)
+          << "n " << n << " step " << step;
+      shoal::nccl::BlockRange in = block(at.receiveBlock);
+      EXPECT_EQ(wire[left].size(), in.count);
+      reducer.combine(data[r].data() + in.offset, wire[left].data(), in.count);
+    }
+  }
+  for (int step = 0; step + 1 < n; ++step) {
+    std::vector<std::vector<uint64_t>> wire(n);
+    for (int r = 0; r < n; ++r) {
+      shoal::nccl::BlockRange out = block(shoal::nccl::allgatherStep(r, n, step).sendBlock);
+      wire[r].assign(data[r].begin() + out.offset, data[r].begin() + out.offset + out.count);
+    }
+    for (int r = 0; r < n; ++r) {
+      int left = (r + n - 1) % n;
+      shoal::nccl::RingStep at = shoal::nccl::allgatherStep(r, n, step);
+      EXPECT_EQ(at.receiveBlock, shoal::nccl::allgatherStep(left, n, step).sendBlock);
+      shoal::nccl::BlockRange in = block(at.receiveBlock);
+      std::copy(wire[left].begin(), wire[left].end(), data[r].begin() + in.offset);
+    }
+  }
+  return data;
+}
+
+TEST(DeviceRingSchedule, BlocksTileTheBuffer) {
+  for (int n : {1, 2, 3, 5, 8})
+    for (size_t count : {size_t(0), size_t(1), size_t(4), size_t(7), size_t(1000)}) {
+      size_t next = 0;
+      for (int b = 0; b < n; ++b) {
+        shoal::nccl::BlockRange range = shoal::nccl::ringBlock(count, n, b);
+        EXPECT_EQ(range.offset, next) << "n " << n << " count " << count << " block " << b;
+        next += range.count;
+        EXPECT_LE(range.count, count / n + 1);
+      }
+      EXPECT_EQ(next, count);
+    }
+}
+
+// The device ring splits a buffer exactly as the host ring does, which is
+// what lets the two agree bit for bit.
+TEST(DeviceRingSchedule, BlocksAreTheHostRingsBlocks) {
+  for (int n : {1, 2, 3, 5, 8})
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(65537)}) {
+      shoal::Blocks host = shoal::splitEvenly(count, 4, n, 1 << 20, 2 * n);
+      for (int b = 0; b < n; ++b) {
+        shoal::nccl::BlockRange range = shoal::nccl::ringBlock(count, n, b);
+        EXPECT_EQ(range.offset * 4, host.offset[b]) << "n " << n << " count " << count << " block " << b;
+        EXPECT_EQ(range.count * 4, host.bytes[b]) << "n " << n << " count " << count << " block " << b;
+      }
+    }
+}
+
+// Sum and xor of random words catch a block combined twice or never; every
+// rank must end with the fold of all inputs.
+TEST(DeviceRingSchedule, SimulatedRingReducesEveryBlockOnce) {
+  std::mt19937_64 random(7);
+  for (shoal_op_t op : {SHOAL_SUM, SHOAL_BXOR, SHOAL_BOR})
+    for (int n : {1, 2, 3, 4, 5, 7, 8})
+      for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(8), size_t(9), size_t(101)}) {
+        std::vector<std::vector<uint64_t>> inputs(n, std::vector<uint64_t>(count));
+        for (auto& input : inputs)
+          for (uint64_t& word : input) word = random() & (op == SHOAL_BOR ? 0x0101010101010101ull : ~0ull);
+        std::vector<uint64_t> expected = inputs[0];
+        shoal::Reducer reducer(SHOAL_U64, op);
+        for (int r = 1; r < n; ++r) reducer.combine(expected.data(), inputs[r].data(), count);
+        std::vector<std::vector<uint64_t>> results = simulateRing(inputs, op);
+        for (int r = 0; r < n; ++r)
+          ASSERT_EQ(results[r], expected) << "op " << shoal_op_name(op) << " n " << n << " count " << count
+                                          << " rank " << r;
+      }
+}
+
+// ---- routing by memory kind -------------------------------------------------------
+
+// The build and machine can run CUDA calls: then refusals name the argument,
+// else every CUDA call is refused as unsupported here.
+bool cudaUsable() {
+#if SHOAL_WITH_CUDA && SHOAL_WITH_NCCL
+  std::string why;
+  return shoal::cuda::deviceCount(&why) > 0;
+#else
+  return false;
+#endif
+}
+
+shoal_tensor_t cudaTensor(void* data, size_t count, shoal_dtype_t dtype, int device = 0) {
+  shoal_tensor_t tensor = shoal_tensor_1d(data, count, dtype);
+  tensor.memory = SHOAL_MEMORY_CUDA;
+  tensor.device = device;
+  return tensor;
+}
+
+constexpr double kTimeoutS = 30;
+
+// The call returned `status` with text containing every one of `words`, well before the deadline.
+void expectRefused(shoal_status_t got, shoal_status_t expected, shoal_comm_t comm, Clock::time_point start,
+                   std::initializer_list<std::string> words, const std::string& what) {
+  EXPECT_EQ(got, expected) << what << ": " << shoal_status_string(got) << ": " << shoal_last_error(comm);
+  std::string text = shoal_last_error(comm);
+  for (const std::string& word : words)
+    EXPECT_NE(text.find(word), std::string::npos) << what << ": error does not mention '" << word << "': " << text;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), kTimeoutS / 3)
+      << what << ": the refusal waited for the deadline instead of reaching every rank";
+}
+
+// After a refused call the communicator still works.
+void expectUsable(shoal_comm_t comm, int size) {
+  int value = 1, sum = 0;
+  if (callOk(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "host allreduce after a refusal"))
+    EXPECT_EQ(sum, size);
+}
+
+// Device pointers that are never dereferenced: every call below is refused first.
+void* fakeDevicePointer(int which = 0) { return reinterpret_cast<void*>(uintptr_t(0x7f0000000000) + (which << 20)); }
+
+TEST(MemoryRouting, MixedMemoryKindsFailOnEveryRank) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    float host[4] = {1, 2, 3, 4};
+    shoal_tensor_t input = cudaTensor(fakeDevicePointer(), 4, SHOAL_F32);
+    shoal_tensor_t output = rank == 0 ? shoal_tensor_1d(host, 4, SHOAL_F32) : input;  // rank 0: CUDA in, host out
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal_allreduce_tensor(comm, &input, &output, SHOAL_SUM, nullptr);
+    if (rank == 0) {
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {"different memory kinds", "both in host"},
+                    "mixed kinds");
+    } else if (cudaUsable()) {  // its own refusal (the fake pointer) or rank 0's
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {}, "peer of a mixed-kind rank");
+    } else {
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start, {"CUDA"}, "CUDA tensors without CUDA");
+    }
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// A bad argument on one rank of a CUDA call reaches the others through the
+// agreement round at once, instead of leaving them to wait for the deadline.
+TEST(MemoryRouting, BadArgumentOfACudaCallFailsEveryRankAtOnce) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    shoal_tensor_t input = cudaTensor(fakeDevicePointer(0), 64, SHOAL_F32);
+    shoal_tensor_t output = cudaTensor(fakeDevicePointer(1), 64, rank == 2 ? SHOAL_F64 : SHOAL_F32);
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal_allreduce_tensor(comm, &input, &output, SHOAL_MAX, nullptr);
+    if (rank == 2)
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {"output dtype double differs"}, "dtype");
+    else if (cudaUsable())  // its own refusal (the fake pointer) or rank 2's
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {}, "peer of a bad rank");
+    else
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start, {"CUDA"}, "CUDA tensors without CUDA");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+TEST(MemoryRouting, UnknownMemoryKindIsRefusedOnEveryRank) {
+  const int n = 2;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    float data[2] = {};
+    shoal_tensor_t tensor = shoal_tensor_1d(data, 2, SHOAL_F32);
+    if (rank == 1) tensor.memory = static_cast<shoal_memory_t>(7);
+    shoal_status_t status = shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, nullptr);
+    if (rank == 1) {
+      EXPECT_EQ(status, SHOAL_ERR_INVALID_ARGUMENT) << shoal_last_error(comm);
+      EXPECT_NE(std::string(shoal_last_error(comm)).find("memory 7 is not a shoal_memory_t"), std::string::npos)
+          << shoal_last_error(comm);
+    } else {
+      // Rank 0 made a host call while rank 1 joined the CUDA agreement: the
+      // ranks disagree, which fails both (how depends on which messages met).
+      EXPECT_NE(status, SHOAL_OK) << "a rank whose peer passed an invalid memory kind succeeded";
+    }
+  }, {nullptr, 10});
+}
+
+TEST(MemoryRouting, DeviceOrdinalOutOfRange) {
+  const int n = 2;
+  runRanks(n, [&](int, shoal_comm_t comm) {
+    shoal_tensor_t tensor = cudaTensor(fakeDevicePointer(), 16, SHOAL_F32, 4096);
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, nullptr);
+    if (cudaUsable())
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {"device 4096", "use 0.."}, "device 4096");
+    else
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start, {"CUDA", "host tensors"}, "no CUDA here");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+TEST(MemoryRouting, CudaTensorsWithoutCudaAreUnsupportedEverywhere) {
+  if (cudaUsable()) GTEST_SKIP() << "this build and machine run CUDA calls (tests/cuda covers them)";
+  const int n = 2;
+  runRanks(n, [&](int, shoal_comm_t comm) {
+    shoal_tensor_t input = cudaTensor(fakeDevicePointer(), 8, SHOAL_I32);
+    shoal_tensor_t output = cudaTensor(fakeDevicePointer(1), 8 * n, SHOAL_I32);
+    Clock::time_point start = Clock::now();
+    expectRefused(shoal_allreduce_tensor(comm, &input, &input, SHOAL_BOR, nullptr), SHOAL_ERR_UNSUPPORTED, comm,
+                  start, {"shoal_allreduce_tensor", "CUDA"}, "allreduce");
+    start = Clock::now();
+    expectRefused(shoal_allgather_tensor(comm, &input, &output), SHOAL_ERR_UNSUPPORTED, comm, start,
+                  {"shoal_allgather_tensor", "CUDA"}, "allgather");
+    start = Clock::now();
+    expectRefused(shoal_broadcast_tensor(comm, &input, 1), SHOAL_ERR_UNSUPPORTED, comm, start,
+                  {"shoal_broadcast_tensor", "CUDA"}, "broadcast");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// A compressor that cannot run on CUDA tensors (no SHOAL_CAP_CUDA) and compresses f32.
+std::string hostOnlyCompressor() {
+  for (const shoal::plugin::Entry& entry : shoal::plugin::Registry::current().entries()) {
+    const shoal_compressor_t& table = *entry.table;
+    if (!(table.caps & SHOAL_CAP_CUDA) && (table.dtypes >> SHOAL_F32) & 1u && std::string(table.name) != "none")
+      return table.name;
+  }
+  return "";
+}
+
+TEST(MemoryRouting, CompressorWithoutCudaCapabilityIsRefusedOnEveryRank) {
+  std::string compressor = hostOnlyCompressor();
+  if (compressor.empty()) GTEST_SKIP() << "every compressor here runs on CUDA tensors";
+  const int n = 3;
+  runRanks(n, [&](int, shoal_comm_t comm) {
+    shoal_tensor_t tensor = cudaTensor(fakeDevicePointer(), 1024, SHOAL_F32);
+    shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    options.compressor = compressor.c_str();
+    options.name = "grad";
+    options.compress_min_bytes = 0;
+    Clock::time_point start = Clock::now();
+    expectRefused(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options), SHOAL_ERR_UNSUPPORTED, comm,
+                  start, {compressor, "SHOAL_CAP_CUDA", "never stages"}, "host-only compressor");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// ---- the tensor variants on host memory ------------------------------------------
+
+TEST(TensorCalls, HostAllgatherAndBroadcast) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    std::vector<int32_t> mine = {rank * 10, rank * 10 + 1};
+    std::vector<int32_t> all(2 * n, -1);
+    shoal_tensor_t input = shoal_tensor_1d(mine.data(), 2, SHOAL_I32);
+    shoal_tensor_t output = shoal_tensor_1d(all.data(), 2 * n, SHOAL_I32);
+    if (callOk(shoal_allgather_tensor(comm, &input, &output), comm, "allgather"))
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(all[2 * r], r * 10);
+        EXPECT_EQ(all[2 * r + 1], r * 10 + 1);
+      }
+    std::vector<double> values = {rank + 0.5, -1.0 * rank};
+    shoal_tensor_t tensor = shoal_tensor_1d(values.data(), 2, SHOAL_F64);
+    if (callOk(shoal_broadcast_tensor(comm, &tensor, 2), comm, "broadcast")) {
+      EXPECT_EQ(values[0], 2.5);
+      EXPECT_EQ(values[1], -2.0);
+    }
+    // Wrong output size: refused on this rank, and the others fail with it or by the deadline.
+    shoal_tensor_t small = shoal_tensor_1d(all.data(), 2 * n - 1, SHOAL_I32);
+    shoal_status_t status = shoal_allgather_tensor(comm, &input, &small);
+    EXPECT_EQ(status, SHOAL_ERR_INVALID_ARGUMENT) << shoal_last_error(comm);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("world size x input"), std::string::npos)
+        << shoal_last_error(comm);
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+}  // namespace
