@@ -68,6 +68,9 @@
 #include "compressors/powersgd/powersgd_engine.h"
 #include "compressors/powersgd/powersgd_math.h"
 #include "plugin/driver.h"
+#if SHOAL_WITH_CUDA
+#include "compressors/powersgd/powersgd_cuda.h"
+#endif
 #include "shoal/compressor.h"
 
 namespace shoal::compressors {
@@ -86,10 +89,20 @@ constexpr const char* kOptionsHelp =
 struct Instance {
   Options options;
   shoal_log_fn log = nullptr;
+#if SHOAL_WITH_CUDA
+  cuda::Context* cuda = nullptr;  // created by the first call on CUDA tensors
+  ~Instance() { cuda::destroyContext(cuda); }
+#endif
 };
 
 struct OpState {
   bool plain = false;
+#if SHOAL_WITH_CUDA
+  bool onDevice = false;  // CUDA tensors: the step runs in powersgd.cu
+  int device = -1;
+  void* stream = nullptr;
+  cuda::StepBuffers deviceBuffers;
+#endif
   Layout layout;
   std::vector<shoal_dtype_t> dtypes;
   std::vector<const void*> inputs;
@@ -157,7 +170,10 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
                     key);
     }
   }
-  *instance = new Instance{parsed, log};
+  auto* created = new Instance;
+  created->options = parsed;
+  created->log = log;
+  *instance = created;
   return SHOAL_OK;
 }
 
@@ -180,7 +196,22 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
                 shoal_dtype_name(tensor.input.dtype), shoal_dtype_name(tensor.output.dtype));
       return SHOAL_ERR_UNSUPPORTED;
     }
-    if (tensor.input.memory != SHOAL_MEMORY_HOST || tensor.output.memory != SHOAL_MEMORY_HOST) {
+    const shoal_tensor_t& first = op->tensors[0].input;
+    if (tensor.input.memory != first.memory || tensor.output.memory != first.memory ||
+        (first.memory == SHOAL_MEMORY_CUDA &&
+         (tensor.input.device != first.device || tensor.output.device != first.device ||
+          tensor.input.stream != first.stream))) {
+      writeText(op->error_text, op->error_text_size,
+                "powersgd: tensor %d's memory (input, output) differs from tensor 0's: one call takes host tensors or "
+                "CUDA tensors of one device and stream",
+                t);
+      return SHOAL_ERR_UNSUPPORTED;
+    }
+#if SHOAL_WITH_CUDA
+    if (first.memory != SHOAL_MEMORY_HOST && first.memory != SHOAL_MEMORY_CUDA) {
+#else
+    if (first.memory != SHOAL_MEMORY_HOST) {
+#endif
       writeText(op->error_text, op->error_text_size,
                 "powersgd: tensor %d is not in host memory (CUDA tensors need the GPU build)", t);
       return SHOAL_ERR_UNSUPPORTED;
@@ -195,6 +226,11 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   }
   auto* state = new OpState;
   state->plain = op->step < instance->options.startIter;
+#if SHOAL_WITH_CUDA
+  state->onDevice = op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA;
+  state->device = state->onDevice ? op->tensors[0].input.device : -1;
+  state->stream = state->onDevice ? op->tensors[0].input.stream : nullptr;
+#endif
   std::vector<Shape> shapes(op->num_tensors);
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_tensor_t& input = op->tensors[t].input;
@@ -214,6 +250,22 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
       delete state;
       return SHOAL_ERR_INVALID_ARGUMENT;
     }
+#if SHOAL_WITH_CUDA
+    // The state follows the tensor: to the device for CUDA tensors, back to the host otherwise.
+    std::string moved;
+    if (state->onDevice) {
+      moved = cuda::upload(*matrix, state->device);
+    } else if (matrix->onDevice()) {
+      MatrixState host;
+      moved = cuda::download(*matrix, &host);
+      if (moved.empty()) cuda::release(*matrix), *matrix = std::move(host);
+    }
+    if (!moved.empty()) {
+      writeText(op->error_text, op->error_text_size, "powersgd: tensor '%s': %s", tensor.name, moved.c_str());
+      delete state;
+      return SHOAL_ERR_INTERNAL;
+    }
+#endif
     state->dtypes.push_back(tensor.input.dtype);
     state->inputs.push_back(tensor.input.data);
     state->outputs.push_back(tensor.output.data);
@@ -224,12 +276,55 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   return SHOAL_OK;
 }
 
-void finishOutputs(const Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
+shoal_status_t finishOutputs(const Instance& instance, OpState& state, shoal_compress_op_t* op,
+                             shoal_round_t* round) {
+#if SHOAL_WITH_CUDA
+  if (state.onDevice) {
+    const std::string error = cuda::finishStep(instance.options, state.layout, state.plain, state.io(),
+                                               state.deviceBuffers, op->world_size, op->op, state.device, state.stream);
+    if (!error.empty()) {
+      writeText(op->error_text, op->error_text_size, "%s", error.c_str());
+      return SHOAL_ERR_INTERNAL;
+    }
+    round->num_payloads = 0;
+    round->done = 1;
+    return SHOAL_OK;
+  }
+#endif
   finishStep(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), state.qbuf.data(),
              state.mbuf.data(), op->world_size, op->op);
   round->num_payloads = 0;
   round->done = 1;
+  return SHOAL_OK;
 }
+
+#if SHOAL_WITH_CUDA
+// The CUDA rounds: the same phases on device buffers; payloads in device memory.
+shoal_status_t deviceRound(Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
+  std::string error;
+  size_t count = 0;
+  float* payload = nullptr;
+  if (round->index == 0) {
+    if (instance.cuda == nullptr) instance.cuda = cuda::createContext();
+    error = cuda::allocateStep(state.layout, state.device, state.stream, &state.deviceBuffers);
+    if (error.empty())
+      error = cuda::phaseP(*instance.cuda, instance.options, state.layout, state.plain, state.io(),
+                           state.deviceBuffers, state.device, state.stream, &count);
+    payload = state.deviceBuffers.p;
+  } else if (round->index == 1) {
+    error = cuda::phaseQ(*instance.cuda, state.layout, state.plain, state.deviceBuffers, state.device, state.stream,
+                         &count);
+    payload = state.deviceBuffers.q;
+  }
+  if (!error.empty()) {
+    writeText(op->error_text, op->error_text_size, "%s", error.c_str());
+    return SHOAL_ERR_INTERNAL;
+  }
+  if (round->index == 2 || count == 0) return finishOutputs(instance, state, op, round);
+  requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, payload, count);
+  return SHOAL_OK;
+}
+#endif
 
 shoal_status_t round0(const Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
   state.pbuf.assign(state.layout.pBufferElems(), 0.0f);
@@ -237,10 +332,7 @@ shoal_status_t round0(const Instance& instance, OpState& state, shoal_compress_o
   state.mbuf.resize(state.plain ? 0 : state.layout.mElems);
   const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(),
                               state.mbuf.data());
-  if (count == 0) {
-    finishOutputs(instance, state, op, round);
-    return SHOAL_OK;
-  }
+  if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.pbuf.data(), count);
   return SHOAL_OK;
 }
@@ -252,10 +344,7 @@ shoal_status_t round1(const Instance& instance, OpState& state, shoal_compress_o
   }
   const size_t count =
       phaseQ(instance.options, state.layout, state.plain, state.pbuf.data(), state.mbuf.data(), state.qbuf.data());
-  if (count == 0) {
-    finishOutputs(instance, state, op, round);
-    return SHOAL_OK;
-  }
+  if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.qbuf.data(), count);
   return SHOAL_OK;
 }
@@ -265,13 +354,23 @@ shoal_status_t round2(const Instance& instance, OpState& state, shoal_compress_o
     writeText(op->error_text, op->error_text_size, "powersgd: round 2 did not get back the Q payload");
     return SHOAL_ERR_INTERNAL;
   }
-  finishOutputs(instance, state, op, round);
-  return SHOAL_OK;
+  return finishOutputs(instance, state, op, round);
 }
 
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
-  const auto& self = *static_cast<Instance*>(instance);
+  auto& self = *static_cast<Instance*>(instance);
   auto& state = *static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  const bool expected = round->index < 2 || (round->index == 2 && !state.plain && state.layout.compressed);
+  if (state.onDevice && expected) {
+    if (round->index > 0 && (round->num_payloads != 1 || (round->payloads[0].buffer != state.deviceBuffers.p &&
+                                                          round->payloads[0].buffer != state.deviceBuffers.q))) {
+      writeText(op->error_text, op->error_text_size, "powersgd: round %d did not get back its payload", round->index);
+      return SHOAL_ERR_INTERNAL;
+    }
+    return deviceRound(self, state, op, round);
+  }
+#endif
   switch (round->index) {
     case 0: return round0(self, state, op, round);
     case 1: return round1(self, state, op, round);
@@ -284,11 +383,23 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_ERR_INTERNAL;
 }
 
-void finish(void*, void* opState) { delete static_cast<OpState*>(opState); }
+void finish(void*, void* opState) {
+  auto* state = static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (state->onDevice) cuda::freeStep(&state->deviceBuffers, state->device, state->stream);
+#endif
+  delete state;
+}
 
 // ---- tensor state ------------------------------------------------------------------
 
-void destroyTensorState(void*, void* state) { delete static_cast<MatrixState*>(state); }
+void destroyTensorState(void*, void* statePointer) {
+  auto* state = static_cast<MatrixState*>(statePointer);
+#if SHOAL_WITH_CUDA
+  if (state != nullptr) cuda::release(*state);
+#endif
+  delete state;
+}
 
 shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, size_t* bytes) {
   const auto* state = static_cast<const MatrixState*>(statePointer);
@@ -303,6 +414,15 @@ shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, si
     *bytes = need;
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
+#if SHOAL_WITH_CUDA
+  if (state->onDevice()) {
+    MatrixState host;
+    if (!cuda::download(*state, &host).empty()) return SHOAL_ERR_INTERNAL;
+    saveState(host, static_cast<uint8_t*>(buffer));
+    *bytes = need;
+    return SHOAL_OK;
+  }
+#endif
   saveState(*state, static_cast<uint8_t*>(buffer));
   *bytes = need;
   return SHOAL_OK;
@@ -328,6 +448,9 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
     return SHOAL_ERR_INVALID_ARGUMENT;
   }
   loaded.typed = existing != nullptr && existing->typed;
+#if SHOAL_WITH_CUDA
+  if (existing != nullptr) cuda::release(*existing);  // the next call on CUDA tensors uploads the loaded state
+#endif
   if (existing == nullptr) *statePointer = new MatrixState(std::move(loaded));
   else *existing = std::move(loaded);
   return SHOAL_OK;
@@ -340,7 +463,11 @@ const shoal_compressor_t kPowerSgd = {
     "PowerSGD low-rank compression: P = M Q and Q = M^T P summed by allreduce (warm start, one power iteration "
     "per call); small and 1-D tensors ride densely with P; error feedback",
     kOptionsHelp,
+#if SHOAL_WITH_CUDA
+    SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC,
+#else
     SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC,
+#endif
     SHOAL_ERROR_FEEDBACK,
     0.0,
     (1u << SHOAL_F32) | (1u << SHOAL_F16) | (1u << SHOAL_BF16),

@@ -233,7 +233,8 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
 }
 
 size_t stateBytes(const MatrixState& state) {
-  return state.error.size() + sizeof(float) * state.q.size() + sizeof(uint64_t) * kTrailerWords;
+  // From the shape, not the vectors: a device state's host vectors are empty.
+  return state.count * dtypeSize(state.dtype) + sizeof(float) * state.cols * state.r + sizeof(uint64_t) * kTrailerWords;
 }
 
 void saveState(const MatrixState& state, uint8_t* out) {

@@ -38,7 +38,17 @@ struct Options {
   uint64_t seed = 0;
 };
 
-// What one matrix keeps between steps.
+// Device copies of a matrix's state (GPU build, CUDA tensors; powersgd_cuda.h):
+// error, Q and the RNG draw count live in device memory of `device`.
+struct DeviceMatrix {
+  int device = -1;
+  void* error = nullptr;           // count elements of the dtype
+  float* q = nullptr;              // [cols x r]
+  uint64_t* generation = nullptr;  // RNG draws so far, advanced by the device
+};
+
+// What one matrix keeps between steps (host vectors, or `device` for CUDA
+// tensors: then error and q are empty and generation is on the device).
 struct MatrixState {
   bool typed = false;               // false: loaded, not yet checked by a step
   shoal_dtype_t dtype = SHOAL_F32;  // of the error vector (the gradient's)
@@ -49,6 +59,8 @@ struct MatrixState {
   uint64_t generation = 0;          // RNG draws so far (initial Q and zero-column redraws)
   std::vector<uint8_t> error;       // count elements of dtype (zeros with ef=0 and for dense ones)
   std::vector<float> q;             // [cols x r], row-major
+  DeviceMatrix device;
+  bool onDevice() const { return device.device >= 0; }
 };
 
 // A matrix's shape and route: r = 0 means dense.
