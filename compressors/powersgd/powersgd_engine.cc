@@ -40,8 +40,14 @@ void storeFromFloat(shoal_dtype_t dtype, void* data, size_t i, float value) {
 // dst[i] = g[i] + e[i] (ef) or g[i], in f32.
 void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const MatrixState& state, size_t count,
              float* dst) {
-  if (dtype == SHOAL_F32 && !options.ef) {
-    if (count) std::memcpy(dst, g, count * sizeof(float));
+  if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
+    const auto* gf = static_cast<const float*>(g);
+    const auto* ef = reinterpret_cast<const float*>(state.error.data());
+    if (!options.ef) {
+      if (count) std::memcpy(dst, gf, count * sizeof(float));
+    } else {
+      for (size_t i = 0; i < count; ++i) dst[i] = gf[i] + ef[i];
+    }
     return;
   }
   for (size_t i = 0; i < count; ++i)
@@ -224,6 +230,17 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
           for (size_t j = 0; j < cols; ++j) a[j] += pik * qk[j];
         }
         const float* mi = m + i * cols;
+        if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
+          float* ei = reinterpret_cast<float*>(state.error.data()) + i * cols;
+          float* oi = static_cast<float*>(io.outputs[t]) + i * cols;
+          if (options.ef)
+            for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - a[j];
+          if (average)
+            std::memcpy(oi, a.data(), cols * sizeof(float));
+          else
+            for (size_t j = 0; j < cols; ++j) oi[j] = a[j] * n;
+          continue;
+        }
         if (options.ef)
           for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, state.error.data(), i * cols + j, mi[j] - a[j]);
         for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, io.outputs[t], i * cols + j, average ? a[j] : a[j] * n);
