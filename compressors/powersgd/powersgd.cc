@@ -86,9 +86,17 @@ constexpr const char* kOptionsHelp =
     "others go dense (default 2); seed=<uint64>: seed of the initial Q (default 0). f32, f16, bf16 (factor math "
     "in f32); tensors need a name";
 
+// One call's host buffers: the P and Q payloads and the M workspace.
+struct HostBuffers {
+  std::vector<float> p, q, m;
+};
+
 struct Instance {
   Options options;
   shoal_log_fn log = nullptr;
+  // Buffers of finished calls, reused (no allocation and page faults per call
+  // once they have grown to the largest tensor).
+  std::vector<HostBuffers> spare;
 #if SHOAL_WITH_CUDA
   cuda::Context* cuda = nullptr;  // created by the first call on CUDA tensors
   ~Instance() { cuda::destroyContext(cuda); }
@@ -109,7 +117,10 @@ struct OpState {
   std::vector<void*> outputs;
   std::vector<MatrixState*> states;
   std::vector<uint64_t> keys;
-  std::vector<float> pbuf, qbuf, mbuf;
+  HostBuffers buffers;
+  std::vector<float>& pbuf = buffers.p;
+  std::vector<float>& qbuf = buffers.q;
+  std::vector<float>& mbuf = buffers.m;
   StepIo io() const {
     return {static_cast<int>(states.size()), dtypes.data(), inputs.data(), outputs.data(), states.data(), keys.data()};
   }
@@ -182,7 +193,7 @@ void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 // ---- the operation ------------------------------------------------------------------
 
 shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opState) {
-  const auto* instance = static_cast<Instance*>(instancePointer);
+  auto* instance = static_cast<Instance*>(instancePointer);
   if (op->op != SHOAL_SUM && op->op != SHOAL_AVG) {
     writeText(op->error_text, op->error_text_size, "powersgd: op %s is not supported (sum and avg only)",
               shoal_op_name(op->op));
@@ -226,6 +237,10 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   }
   auto* state = new OpState;
   state->plain = op->step < instance->options.startIter;
+  if (!instance->spare.empty()) {
+    state->buffers = std::move(instance->spare.back());
+    instance->spare.pop_back();
+  }
 #if SHOAL_WITH_CUDA
   state->onDevice = op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA;
   state->device = state->onDevice ? op->tensors[0].input.device : -1;
@@ -327,9 +342,11 @@ shoal_status_t deviceRound(Instance& instance, OpState& state, shoal_compress_op
 #endif
 
 shoal_status_t round0(const Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
-  state.pbuf.assign(state.layout.pBufferElems(), 0.0f);
-  state.qbuf.assign(state.layout.qElems, 0.0f);
-  state.mbuf.resize(state.plain ? 0 : state.layout.mElems);
+  // Every element the step reads is written first: resize, no fill.
+  const Layout& layout = state.layout;
+  state.pbuf.resize(state.plain ? layout.plainElems : layout.pElems + layout.denseElems);
+  state.qbuf.resize(state.plain ? 0 : layout.qElems);
+  state.mbuf.resize(state.plain ? 0 : layout.mElems);
   const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(),
                               state.mbuf.data());
   if (count == 0) return finishOutputs(instance, state, op, round);
@@ -383,11 +400,13 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_ERR_INTERNAL;
 }
 
-void finish(void*, void* opState) {
+void finish(void* instancePointer, void* opState) {
+  auto* instance = static_cast<Instance*>(instancePointer);
   auto* state = static_cast<OpState*>(opState);
 #if SHOAL_WITH_CUDA
   if (state->onDevice) cuda::freeStep(&state->deviceBuffers, state->device, state->stream);
 #endif
+  if (instance->spare.size() < 2) instance->spare.push_back(std::move(state->buffers));
   delete state;
 }
 

@@ -196,8 +196,8 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_
     checkTensors(call, "grads", p, grads);
     checkTensors(call, "outputs", p, reinterpret_cast<const void* const*>(outputs));
     p.phase = shoal_lowrank_plan::kExpectP;
-    p.pbuf.assign(p.layout.pBufferElems(), 0.0f);
-    p.qbuf.assign(p.layout.qElems, 0.0f);
+    p.pbuf.resize(p.layout.pBufferElems());  // every element read is written first: no fill
+    p.qbuf.resize(p.layout.qElems);
     try {
       const size_t pCount = runPhaseP(p, grads, p.pbuf.data());
       if (pCount) plainAllreduce(c, c.sequence++, p.pbuf.data(), p.pbuf.data(), pCount, SHOAL_F32, SHOAL_SUM);
