@@ -278,6 +278,21 @@ void freeStep(StepBuffers* buffers, int device, void* stream) {
   *buffers = StepBuffers{};
 }
 
+std::string allocateFloats(size_t elems, int device, void* stream, float** buffer) {
+  *buffer = nullptr;
+  if (elems == 0) return "";
+  DeviceScope scope(device);
+  if (std::string error = scope.error(); !error.empty()) return error;
+  return check(cudaMallocAsync(reinterpret_cast<void**>(buffer), elems * sizeof(float), asStream(stream)),
+               "cudaMallocAsync");
+}
+
+void freeFloats(float* buffer, int device, void* stream) {
+  if (buffer == nullptr) return;
+  DeviceScope scope(device);
+  cudaFreeAsync(buffer, asStream(stream));
+}
+
 std::string upload(MatrixState& state, int device) {
   if (state.onDevice()) {
     if (state.device.device == device) return "";

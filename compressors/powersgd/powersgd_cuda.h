@@ -42,6 +42,9 @@ struct StepBuffers {
 };
 std::string allocateStep(const Layout& layout, int device, void* stream, StepBuffers* buffers);
 void freeStep(StepBuffers* buffers, int device, void* stream);
+// One device buffer of elems floats (stream-ordered; elems 0: nullptr).
+std::string allocateFloats(size_t elems, int device, void* stream, float** buffer);
+void freeFloats(float* buffer, int device, void* stream);
 
 // Moves a host state (fresh from checkState or loaded) to `device`: allocates
 // its device copies, uploads, and empties the host vectors. No-op when it is

@@ -18,9 +18,14 @@
  * The plan's step is the compressor's: for the same matrices (names, shapes,
  * dtype, options) and inputs it gives the same output bits and the same state
  * as shoal_allreduce_tensor with compressor "powersgd" on one call holding the
- * same tensors (docs/lowrank.md). Host memory only. A plan is used by one
- * thread at a time; every rank must create the same plan and call the same
- * phases.
+ * same tensors (docs/lowrank.md). A plan is used by one thread at a time;
+ * every rank must create the same plan and call the same phases.
+ *
+ * CUDA plans (config.memory = SHOAL_MEMORY_CUDA, GPU build): gradients,
+ * outputs, p_buf and q_buf are device memory; the phases are enqueued on
+ * config.stream and return before the work is done (run your allreduces on
+ * that stream, e.g. ncclAllReduce). The plan keeps its state on the device.
+ * shoal_lowrank_step takes host plans only (SHOAL_ERR_UNSUPPORTED otherwise).
  *
  * Pufferfish trains pre-factorized layers: after a full-rank
  * warm-up, a weight W [rows, cols] (a conv weight [out, in, kh, kw] viewed as
@@ -79,9 +84,13 @@ typedef struct shoal_lowrank_config {
   uint64_t seed;               /* of the first Q (default 0) */
   shoal_dtype_t dtype;         /* of every gradient: SHOAL_F32 (default), SHOAL_F16 or SHOAL_BF16;
                                   the factor math runs in f32 for all three */
+  shoal_memory_t memory;       /* where gradients, outputs and the split phases' buffers live:
+                                  SHOAL_MEMORY_HOST (default) or SHOAL_MEMORY_CUDA (GPU build) */
+  int device;                  /* CUDA: the device ordinal */
+  void *stream;                /* CUDA: the cudaStream_t every phase is enqueued on; NULL = default */
 } shoal_lowrank_config_t;
 
-#define SHOAL_LOWRANK_CONFIG_INIT {sizeof(shoal_lowrank_config_t), 4, 1, 2.0, 0, 0, SHOAL_F32}
+#define SHOAL_LOWRANK_CONFIG_INIT {sizeof(shoal_lowrank_config_t), 4, 1, 2.0, 0, 0, SHOAL_F32, SHOAL_MEMORY_HOST, 0, NULL}
 
 typedef struct shoal_lowrank_sizes {
   size_t struct_size;
@@ -99,7 +108,8 @@ typedef struct shoal_lowrank_sizes {
 /* Creates a plan for num_matrices matrices (>= 1). config NULL: the defaults.
  * Local; errors through shoal_last_error(NULL): SHOAL_ERR_INVALID_ARGUMENT for
  * a NULL pointer, a negative extent, a rank outside 0..1024, unknown flags, or
- * a config value out of range (the text names it). */
+ * a config value out of range (the text names it); SHOAL_ERR_UNSUPPORTED for a
+ * CUDA plan in a build without CUDA. */
 shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix_t *matrices, int num_matrices,
                                          const shoal_lowrank_config_t *config, shoal_lowrank_plan_t *plan);
 void shoal_lowrank_plan_destroy(shoal_lowrank_plan_t plan); /* NULL: nothing */

@@ -15,6 +15,9 @@
 #include "compressors/powersgd/powersgd_engine.h"
 #include "compressors/powersgd/powersgd_math.h"
 #include "shoal/lowrank.h"
+#if SHOAL_WITH_CUDA
+#include "compressors/powersgd/powersgd_cuda.h"
+#endif
 
 #define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -34,6 +37,18 @@ struct shoal_lowrank_plan {
   uint64_t steps = 0;
   enum Phase { kExpectP, kExpectQ, kExpectFinish } phase = kExpectP;
   bool plain = false;             // of the step in progress
+  shoal_memory_t memory = SHOAL_MEMORY_HOST;
+  int device = 0;
+  void* stream = nullptr;
+#if SHOAL_WITH_CUDA
+  powersgd::cuda::Context* cuda = nullptr;  // CUDA plans: cuBLAS, the M workspace, states on the device
+  float* deviceM = nullptr;
+  ~shoal_lowrank_plan() {
+    for (MatrixState& state : states) powersgd::cuda::release(state);
+    powersgd::cuda::freeFloats(deviceM, device, stream);
+    powersgd::cuda::destroyContext(cuda);
+  }
+#endif
 
   StepIo io(const void* const* inputs, void* const* outputs) const {
     return {static_cast<int>(states.size()), dtypes.data(), inputs, outputs, statePointers.data(), keys.data()};
@@ -80,22 +95,63 @@ size_t planStateBytes(const shoal_lowrank_plan& plan) {
   return bytes;
 }
 
+#if SHOAL_WITH_CUDA
+void failOnCudaError(const std::string& error) {
+  if (!error.empty()) fail(SHOAL_ERR_INTERNAL, "{}", error);
+}
+
+powersgd::cuda::StepBuffers deviceBuffers(const shoal_lowrank_plan& plan, const float* pbuf, const float* qbuf) {
+  return {const_cast<float*>(pbuf), const_cast<float*>(qbuf), plan.deviceM};
+}
+#endif
+
 size_t runPhaseP(shoal_lowrank_plan& plan, const void* const* grads, float* pbuf) {
   plan.plain = plan.steps < plan.options.startIter;
+  size_t count = 0;
+#if SHOAL_WITH_CUDA
+  if (plan.memory == SHOAL_MEMORY_CUDA) {
+    plan.phase = shoal_lowrank_plan::kExpectP;
+    failOnCudaError(powersgd::cuda::phaseP(*plan.cuda, plan.options, plan.layout, plan.plain,
+                                           plan.io(grads, nullptr), deviceBuffers(plan, pbuf, nullptr), plan.device,
+                                           plan.stream, &count));
+    plan.phase = shoal_lowrank_plan::kExpectQ;
+    return count;
+  }
+#endif
   plan.mbuf.resize(plan.plain ? 0 : plan.layout.mElems);
-  const size_t count = phaseP(plan.options, plan.layout, plan.plain, plan.io(grads, nullptr), pbuf, plan.mbuf.data());
+  count = phaseP(plan.options, plan.layout, plan.plain, plan.io(grads, nullptr), pbuf, plan.mbuf.data());
   plan.phase = shoal_lowrank_plan::kExpectQ;
   return count;
 }
 
 size_t runPhaseQ(shoal_lowrank_plan& plan, float* pbuf, float* qbuf) {
-  const size_t count = phaseQ(plan.options, plan.layout, plan.plain, pbuf, plan.mbuf.data(), qbuf);
+  size_t count = 0;
+#if SHOAL_WITH_CUDA
+  if (plan.memory == SHOAL_MEMORY_CUDA) {
+    plan.phase = shoal_lowrank_plan::kExpectP;
+    failOnCudaError(powersgd::cuda::phaseQ(*plan.cuda, plan.layout, plan.plain, deviceBuffers(plan, pbuf, qbuf),
+                                           plan.device, plan.stream, &count));
+    plan.phase = shoal_lowrank_plan::kExpectFinish;
+    return count;
+  }
+#endif
+  count = phaseQ(plan.options, plan.layout, plan.plain, pbuf, plan.mbuf.data(), qbuf);
   plan.phase = shoal_lowrank_plan::kExpectFinish;
   return count;
 }
 
 void runFinish(shoal_lowrank_plan& plan, const float* pbuf, const float* qbuf, void* const* outputs, int worldSize,
                shoal_op_t op) {
+#if SHOAL_WITH_CUDA
+  if (plan.memory == SHOAL_MEMORY_CUDA) {
+    plan.phase = shoal_lowrank_plan::kExpectP;
+    failOnCudaError(powersgd::cuda::finishStep(plan.options, plan.layout, plan.plain, plan.io(nullptr, outputs),
+                                               deviceBuffers(plan, pbuf, qbuf), worldSize, op, plan.device,
+                                               plan.stream));
+    ++plan.steps;
+    return;
+  }
+#endif
   finishStep(plan.options, plan.layout, plan.plain, plan.io(nullptr, outputs), pbuf, qbuf, plan.mbuf.data(),
              worldSize, op);
   ++plan.steps;
@@ -130,6 +186,13 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix
     if (!supportedDtype(c.dtype))
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: config dtype is {}; use SHOAL_F32, SHOAL_F16 or SHOAL_BF16", call,
            shoal_dtype_name(c.dtype));
+    if (c.memory != SHOAL_MEMORY_HOST && c.memory != SHOAL_MEMORY_CUDA)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: config memory is {}; use SHOAL_MEMORY_HOST or SHOAL_MEMORY_CUDA", call,
+           static_cast<int>(c.memory));
+#if !SHOAL_WITH_CUDA
+    if (c.memory == SHOAL_MEMORY_CUDA)
+      fail(SHOAL_ERR_UNSUPPORTED, "{}: a CUDA plan needs a shoal built with CUDA (this one is host only)", call);
+#endif
     auto created = std::make_unique<shoal_lowrank_plan>();
     created->options.rank = c.rank;
     created->options.ef = c.error_feedback == 1;
@@ -137,6 +200,9 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix
     created->options.startIter = c.start_iter;
     created->options.seed = c.seed;
     created->dtype = c.dtype;
+    created->memory = c.memory;
+    created->device = c.device;
+    created->stream = c.stream;
     std::vector<Shape> shapes(static_cast<size_t>(num_matrices));
     const size_t maxElements = std::numeric_limits<size_t>::max() / sizeof(float) / 2;
     for (int i = 0; i < num_matrices; ++i) {
@@ -163,6 +229,13 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix
       checkState(created->states[i], shapes[i], c.dtype);
       created->statePointers.push_back(&created->states[i]);
     }
+#if SHOAL_WITH_CUDA
+    if (c.memory == SHOAL_MEMORY_CUDA) {
+      created->cuda = powersgd::cuda::createContext();
+      for (MatrixState& state : created->states) failOnCudaError(powersgd::cuda::upload(state, c.device));
+      failOnCudaError(powersgd::cuda::allocateFloats(created->layout.mElems, c.device, c.stream, &created->deviceM));
+    }
+#endif
     *plan = created.release();
   });
 }
@@ -192,6 +265,9 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_
     const char* call = "shoal_lowrank_step";
     shoal_comm& c = usableComm(comm, call);
     shoal_lowrank_plan& p = usablePlan(plan, call);
+    if (p.memory != SHOAL_MEMORY_HOST)
+      fail(SHOAL_ERR_UNSUPPORTED, "{}: takes host plans; drive a CUDA plan with the split phases and your own "
+           "allreduces on its stream", call);
     checkOp(call, op);
     checkTensors(call, "grads", p, grads);
     checkTensors(call, "outputs", p, reinterpret_cast<const void* const*>(outputs));
@@ -286,6 +362,15 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_state_save(shoal_lowrank_plan_t plan, 
     for (const MatrixState& state : p.states) {
       const uint64_t size = stateBytes(state);
       std::memcpy(out, &size, sizeof size);
+#if SHOAL_WITH_CUDA
+      if (state.onDevice()) {
+        MatrixState host;
+        failOnCudaError(powersgd::cuda::download(state, &host));
+        saveState(host, out + sizeof size);
+        out += sizeof size + size;
+        continue;
+      }
+#endif
       saveState(state, out + sizeof size);
       out += sizeof size + size;
     }
@@ -332,7 +417,16 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_state_load(shoal_lowrank_plan_t plan, 
     }
     if (offset != bytes)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} bytes follow the last matrix's state", call, bytes - offset);
-    for (size_t i = 0; i < p.states.size(); ++i) p.states[i] = std::move(loaded[i]);
+#if SHOAL_WITH_CUDA
+    if (p.memory == SHOAL_MEMORY_CUDA)
+      for (MatrixState& state : loaded) failOnCudaError(powersgd::cuda::upload(state, p.device));
+#endif
+    for (size_t i = 0; i < p.states.size(); ++i) {
+#if SHOAL_WITH_CUDA
+      powersgd::cuda::release(p.states[i]);
+#endif
+      p.states[i] = std::move(loaded[i]);
+    }
     p.steps = header[2];
     p.phase = shoal_lowrank_plan::kExpectP;
   });

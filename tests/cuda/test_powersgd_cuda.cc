@@ -6,7 +6,9 @@
 //    ranks simulated in one thread, payloads summed on the host in the same
 //    order) gives the same payloads (P, Q), outputs, error vectors and warm-
 //    start Q up to rounding (GEMMs and dot products sum in another order),
-//    in f32 and bf16, over 3 steps; the last step's zero gradients give zeros.
+//    in f32 and bf16, over 3 steps; with ef=0 zero gradients give zeros;
+//  - a CUDA plan's split phases match a host plan's up to rounding, and its
+//    state saves and loads through the host format.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +22,7 @@
 #include "compressors/powersgd/powersgd_math.h"
 #include "cuda/device.h"
 #include "shoal/compressor.h"
+#include "shoal/lowrank.h"
 #include "shoal/shoal.h"
 
 namespace {
@@ -254,7 +257,100 @@ void compareHostAndDevice(shoal_dtype_t dtype, const char* ef) {
     }
 }
 
+// The plan's split phases on device buffers against a host plan (one rank:
+// the allreduces are identities), three steps with error feedback.
+void comparePlans(shoal_dtype_t dtype) {
+  const size_t bytesPer = dtype == SHOAL_F32 ? 4 : 2;
+  const double tolerance = dtype == SHOAL_F32 ? 2e-4 : 2e-2;
+  const std::vector<shoal_lowrank_matrix_t> matrices = {
+      {64, 48, 0, 0, "a"}, {50, 1, 0, SHOAL_LOWRANK_DENSE, "bias"}, {64, 48, 0, 0, "b"}, {32, 80, 0, 0, "c"}};
+  const int count = static_cast<int>(matrices.size());
+  shoal_lowrank_plan_t plans[2] = {nullptr, nullptr};  // host, device
+  for (int device = 0; device < 2; ++device) {
+    shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
+    config.dtype = dtype;
+    config.seed = 3;
+    config.memory = device ? SHOAL_MEMORY_CUDA : SHOAL_MEMORY_HOST;
+    ASSERT_EQ(shoal_lowrank_plan_create(matrices.data(), count, &config, &plans[device]), SHOAL_OK)
+        << shoal_last_error(nullptr);
+  }
+  shoal_lowrank_sizes_t sizes = SHOAL_LOWRANK_SIZES_INIT;
+  ASSERT_EQ(shoal_lowrank_plan_sizes(plans[1], &sizes), SHOAL_OK);
+  std::vector<float> hostP(sizes.p_elems), hostQ(sizes.q_elems);
+  float *deviceP = nullptr, *deviceQ = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&deviceP), sizes.p_elems * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&deviceQ), sizes.q_elems * 4), cudaSuccess);
+  std::vector<void*> deviceGrads(count);
+  for (int t = 0; t < count; ++t)
+    ASSERT_EQ(cudaMalloc(&deviceGrads[t], size_t(matrices[t].rows * matrices[t].cols) * bytesPer), cudaSuccess);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<uint8_t>> grads(count);
+    std::vector<void*> hostGrads(count);
+    for (int t = 0; t < count; ++t) {
+      const size_t elems = size_t(matrices[t].rows * matrices[t].cols);
+      grads[t].resize(elems * bytesPer);
+      for (size_t i = 0; i < elems; ++i) {
+        const float g = uniform(10 * step + t, 4, i);
+        if (dtype == SHOAL_BF16)
+          reinterpret_cast<shoal::ops::BFloat16*>(grads[t].data())[i] = shoal::ops::narrow<shoal::ops::BFloat16>(g);
+        else
+          reinterpret_cast<float*>(grads[t].data())[i] = g;
+      }
+      hostGrads[t] = grads[t].data();
+      ASSERT_EQ(cudaMemcpy(deviceGrads[t], grads[t].data(), grads[t].size(), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    size_t pCount[2], qCount[2];
+    ASSERT_EQ(shoal_lowrank_phase_p(plans[0], hostGrads.data(), hostP.data(), &pCount[0]), SHOAL_OK);
+    ASSERT_EQ(shoal_lowrank_phase_p(plans[1], deviceGrads.data(), deviceP, &pCount[1]), SHOAL_OK)
+        << shoal_last_error(nullptr);
+    ASSERT_EQ(pCount[0], pCount[1]);
+    ASSERT_EQ(shoal_lowrank_phase_q(plans[0], hostP.data(), hostQ.data(), &qCount[0]), SHOAL_OK);
+    ASSERT_EQ(shoal_lowrank_phase_q(plans[1], deviceP, deviceQ, &qCount[1]), SHOAL_OK) << shoal_last_error(nullptr);
+    ASSERT_EQ(qCount[0], qCount[1]);
+    ASSERT_EQ(shoal_lowrank_finish(plans[0], hostP.data(), hostQ.data(), hostGrads.data(), 1, SHOAL_AVG), SHOAL_OK);
+    ASSERT_EQ(shoal_lowrank_finish(plans[1], deviceP, deviceQ, deviceGrads.data(), 1, SHOAL_AVG), SHOAL_OK)
+        << shoal_last_error(nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int t = 0; t < count; ++t) {
+      std::vector<uint8_t> fromDevice(grads[t].size());
+      ASSERT_EQ(cudaMemcpy(fromDevice.data(), deviceGrads[t], fromDevice.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<float> got, want;
+      for (size_t i = 0; i < fromDevice.size() / bytesPer; ++i)
+        got.push_back(asFloat(dtype, fromDevice.data(), i)), want.push_back(asFloat(dtype, grads[t].data(), i));
+      expectClose(got, want, tolerance, "plan step " + std::to_string(step) + " matrix " + std::to_string(t));
+    }
+  }
+  // The saved states: same size and trailers; error vectors and Q close.
+  std::vector<std::vector<uint8_t>> saved(2);
+  for (int device = 0; device < 2; ++device) {
+    size_t bytes = 0;
+    ASSERT_EQ(shoal_lowrank_state_save(plans[device], nullptr, &bytes), SHOAL_OK);
+    saved[device].resize(bytes);
+    ASSERT_EQ(shoal_lowrank_state_save(plans[device], saved[device].data(), &bytes), SHOAL_OK)
+        << shoal_last_error(nullptr);
+  }
+  ASSERT_EQ(saved[0].size(), saved[1].size());
+  EXPECT_EQ(std::memcmp(saved[0].data(), saved[1].data(), 24), 0) << "header";
+  // Loading the host state into the device plan works and reads back the same bytes.
+  ASSERT_EQ(shoal_lowrank_state_load(plans[1], saved[0].data(), saved[0].size()), SHOAL_OK)
+      << shoal_last_error(nullptr);
+  std::vector<uint8_t> reread(saved[0].size());
+  size_t bytes = reread.size();
+  ASSERT_EQ(shoal_lowrank_state_save(plans[1], reread.data(), &bytes), SHOAL_OK);
+  EXPECT_EQ(reread, saved[0]);
+  for (void* g : deviceGrads) cudaFree(g);
+  cudaFree(deviceP);
+  cudaFree(deviceQ);
+  for (shoal_lowrank_plan_t plan : plans) shoal_lowrank_plan_destroy(plan);
+}
+
 class PowerSgdCudaDtype : public ::testing::TestWithParam<shoal_dtype_t> {};
+
+TEST_P(PowerSgdCudaDtype, PlanOnDeviceMatchesHostPlan) {
+  std::string why;
+  if (noDevice(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  comparePlans(GetParam());
+}
 
 TEST_P(PowerSgdCudaDtype, TableOnDeviceMatchesHost) {
   std::string why;

@@ -488,6 +488,28 @@ TEST(LowrankPlan, BadArgumentsAreRefused) {
   shoal_lowrank_plan_destroy(nullptr);
 }
 
+// A CUDA plan needs the GPU build, and a device: otherwise a clear error, no plan.
+TEST(LowrankPlan, CudaPlanWithoutCudaIsRefused) {
+  shoal_lowrank_matrix_t m = {64, 48, 0, 0, "w"};
+  shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
+  config.memory = SHOAL_MEMORY_CUDA;
+  shoal_lowrank_plan_t plan = nullptr;
+  const shoal_status_t status = shoal_lowrank_plan_create(&m, 1, &config, &plan);
+#if SHOAL_WITH_CUDA
+  if (status == SHOAL_OK) {  // a device is present: tests/cuda covers the plan there
+    shoal_lowrank_plan_destroy(plan);
+    GTEST_SKIP() << "a CUDA device is present";
+  }
+  EXPECT_EQ(status, SHOAL_ERR_INTERNAL);
+  EXPECT_NE(std::string(shoal_last_error(nullptr)).find("CUDA"), std::string::npos) << shoal_last_error(nullptr);
+#else
+  EXPECT_EQ(status, SHOAL_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(shoal_last_error(nullptr)).find("built with CUDA"), std::string::npos)
+      << shoal_last_error(nullptr);
+#endif
+  EXPECT_EQ(plan, nullptr);
+}
+
 // include/shoal/lowrank.h is C11: a small C program using the plan API compiles
 // with -std=c11 -pedantic -Werror (skipped when no C compiler is on PATH).
 TEST(LowrankPlan, HeaderIsC11) {
