@@ -192,6 +192,14 @@ void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
 // ---- the operation ------------------------------------------------------------------
 
+bool supportedMemory(shoal_memory_t memory) {
+#if SHOAL_WITH_CUDA
+  return memory == SHOAL_MEMORY_HOST || memory == SHOAL_MEMORY_CUDA;
+#else
+  return memory == SHOAL_MEMORY_HOST;
+#endif
+}
+
 shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opState) {
   auto* instance = static_cast<Instance*>(instancePointer);
   if (op->op != SHOAL_SUM && op->op != SHOAL_AVG) {
@@ -218,11 +226,7 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
                 t);
       return SHOAL_ERR_UNSUPPORTED;
     }
-#if SHOAL_WITH_CUDA
-    if (first.memory != SHOAL_MEMORY_HOST && first.memory != SHOAL_MEMORY_CUDA) {
-#else
-    if (first.memory != SHOAL_MEMORY_HOST) {
-#endif
+    if (!supportedMemory(first.memory)) {
       writeText(op->error_text, op->error_text_size,
                 "powersgd: tensor %d is not in host memory (CUDA tensors need the GPU build)", t);
       return SHOAL_ERR_UNSUPPORTED;
@@ -273,7 +277,10 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
     } else if (matrix->onDevice()) {
       MatrixState host;
       moved = cuda::download(*matrix, &host);
-      if (moved.empty()) cuda::release(*matrix), *matrix = std::move(host);
+      if (moved.empty()) {
+        cuda::release(*matrix);
+        *matrix = std::move(host);
+      }
     }
     if (!moved.empty()) {
       writeText(op->error_text, op->error_text_size, "powersgd: tensor '%s': %s", tensor.name, moved.c_str());
