@@ -121,8 +121,10 @@ shoal_status_t shoal_lowrank_plan_sizes(shoal_lowrank_plan_t plan, shoal_lowrank
  * matrix i's rows * cols elements of the config's dtype; op SHOAL_SUM or
  * SHOAL_AVG. Two allreduces (P with the dense part, then Q), or one in a
  * plain step (before start_iter) or when nothing is compressed. The plan
- * holds the buffers. Errors as for shoal_allreduce, through
- * shoal_last_error(comm); the plan is then ready for the next step. */
+ * holds the buffers. The first step also checks (one small allreduce) that
+ * every rank has the same plan: SHOAL_ERR_INVALID_ARGUMENT on every rank
+ * otherwise. Errors as for shoal_allreduce, through shoal_last_error(comm);
+ * the plan is then ready for the next step. */
 shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_comm_t comm, const void *const *grads,
                                   void *const *outputs, shoal_op_t op);
 

@@ -37,6 +37,8 @@ struct shoal_lowrank_plan {
   uint64_t steps = 0;
   enum Phase { kExpectP, kExpectQ, kExpectFinish } phase = kExpectP;
   bool plain = false;             // of the step in progress
+  uint64_t fingerprint = 0;       // of the matrices and options, compared across ranks
+  bool agreed = false;            // shoal_lowrank_step checked it with the peers
   shoal_memory_t memory = SHOAL_MEMORY_HOST;
   int device = 0;
   void* stream = nullptr;
@@ -104,6 +106,36 @@ powersgd::cuda::StepBuffers deviceBuffers(const shoal_lowrank_plan& plan, const 
   return {const_cast<float*>(pbuf), const_cast<float*>(qbuf), plan.deviceM};
 }
 #endif
+
+uint64_t mixIn(uint64_t hash, uint64_t value) { return splitmix64(hash ^ splitmix64(value)); }
+
+uint64_t fingerprintOf(const shoal_lowrank_plan& plan) {
+  uint64_t hash = mixIn(0, plan.states.size());
+  for (size_t i = 0; i < plan.states.size(); ++i) {
+    const Shape& shape = plan.layout.entries[i].shape;
+    hash = mixIn(mixIn(mixIn(mixIn(hash, shape.rows), shape.cols), static_cast<uint64_t>(shape.r)), plan.keys[i]);
+  }
+  uint64_t rate = 0;
+  std::memcpy(&rate, &plan.options.minCompressionRate, sizeof rate);
+  for (uint64_t value : {static_cast<uint64_t>(plan.options.rank), static_cast<uint64_t>(plan.options.ef),
+                         plan.options.startIter, plan.options.seed, rate, static_cast<uint64_t>(plan.dtype)})
+    hash = mixIn(hash, value);
+  return hash;
+}
+
+// Once per plan: every rank must step the same plan (else the P and Q
+// allreduces would pair unrelated buffers). One allreduce MAX of
+// {fingerprint, ~fingerprint}: every rank sees its own pair back iff all agree.
+void agreeOnPlan(shoal_comm& comm, shoal_lowrank_plan& plan, const char* call) {
+  if (plan.agreed) return;
+  uint64_t pair[2] = {plan.fingerprint, ~plan.fingerprint};
+  plainAllreduce(comm, comm.sequence++, pair, pair, 2, SHOAL_U64, SHOAL_MAX);
+  if (pair[0] != plan.fingerprint || pair[1] != ~plan.fingerprint)
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "{}: the ranks' plans differ (matrices, names, rank, options or dtype); create the same plan on every rank",
+         call);
+  plan.agreed = true;
+}
 
 size_t runPhaseP(shoal_lowrank_plan& plan, const void* const* grads, float* pbuf) {
   plan.plain = plan.steps < plan.options.startIter;
@@ -236,6 +268,7 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix
       failOnCudaError(powersgd::cuda::allocateFloats(created->layout.mElems, c.device, c.stream, &created->deviceM));
     }
 #endif
+    created->fingerprint = fingerprintOf(*created);
     *plan = created.release();
   });
 }
@@ -272,6 +305,7 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_
     checkTensors(call, "grads", p, grads);
     checkTensors(call, "outputs", p, reinterpret_cast<const void* const*>(outputs));
     p.phase = shoal_lowrank_plan::kExpectP;
+    agreeOnPlan(c, p, call);
     p.pbuf.resize(p.layout.pBufferElems());  // every element read is written first: no fill
     p.qbuf.resize(p.layout.qElems);
     try {

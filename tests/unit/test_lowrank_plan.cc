@@ -488,6 +488,26 @@ TEST(LowrankPlan, BadArgumentsAreRefused) {
   shoal_lowrank_plan_destroy(nullptr);
 }
 
+// Ranks with different plans are refused on every rank by the first step (no
+// hang, no wrong result), and the communicator still works afterwards.
+TEST(LowrankPlan, DifferentPlansAcrossRanksAreRefused) {
+  runRanks(3, [&](int rank, shoal_comm_t comm) {
+    shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
+    const int64_t cols = rank == 2 ? 40 : 48;  // rank 2 disagrees on a shape
+    shoal_lowrank_plan_t plan = makePlan({{64, cols, 0, 0, "w"}}, config);
+    ASSERT_NE(plan, nullptr);
+    std::vector<float> g(size_t(64 * cols), 1.0f);
+    const void* grads[] = {g.data()};
+    void* outs[] = {g.data()};
+    EXPECT_EQ(shoal_lowrank_step(plan, comm, grads, outs, SHOAL_AVG), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("plans differ"), std::string::npos) << shoal_last_error(comm);
+    float x = 1.0f;
+    EXPECT_EQ(shoal_allreduce(comm, &x, &x, 1, SHOAL_F32, SHOAL_SUM), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(x, 3.0f);
+    shoal_lowrank_plan_destroy(plan);
+  });
+}
+
 // A CUDA plan needs the GPU build, and a device: otherwise a clear error, no plan.
 TEST(LowrankPlan, CudaPlanWithoutCudaIsRefused) {
   shoal_lowrank_matrix_t m = {64, 48, 0, 0, "w"};
