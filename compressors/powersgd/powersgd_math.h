@@ -1,5 +1,8 @@
-// PowerSGD small kernels, shared by the CPU path (powersgd.cc) and, later, CUDA
-// kernels: everything here is SHOAL_HD (__host__ __device__ under nvcc).
+// PowerSGD small kernels, shared by the CPU path (powersgd_engine.cc) and the
+// CUDA kernels (powersgd.cu): everything here is SHOAL_HD (__host__ __device__
+// under nvcc). The GPU runs the same per-column decisions (keepColumn) and the
+// same RNG (uniformAt: bit-identical Q on CPU and GPU), with its dot products
+// reduced in another order.
 //
 // Matrices are row-major; a factor F [rows x r] has column c at F[i * r + c].
 //
@@ -65,11 +68,17 @@ SHOAL_HD inline void columnSubtract(float* F, size_t rows, int r, int c, int j, 
   for (size_t i = 0; i < rows; ++i) F[i * r + c] -= k * F[i * r + j];
 }
 
+// The zero-column guard: keep a column of norm `norm` after projections, whose
+// norm was `before` (false for NaN too).
+SHOAL_HD inline bool keepColumn(double norm, double before) {
+  return norm >= kTinyNorm && norm >= kRelativeCutoff * before;
+}
+
 // Scales column c to unit norm, or zeroes it under the guard above. before =
 // the column's norm before projections. Returns 1 if the column is kept.
 SHOAL_HD inline int normalizeOrZero(float* F, size_t rows, int r, int c, double before) {
   double norm = std::sqrt(columnDot(F, rows, r, c, c));
-  if (!(norm >= kTinyNorm) || !(norm >= kRelativeCutoff * before)) {  // also catches NaN
+  if (!keepColumn(norm, before)) {
     for (size_t i = 0; i < rows; ++i) F[i * r + c] = 0.0f;
     return 0;
   }
@@ -82,7 +91,7 @@ SHOAL_HD inline int normalizeOrZero(float* F, size_t rows, int r, int c, double 
 // zero). Returns 1 if the column is kept, 0 if it was zeroed.
 SHOAL_HD inline int orthogonalizeColumn(float* F, size_t rows, int r, int c) {
   const double before = std::sqrt(columnDot(F, rows, r, c, c));
-  if (!(before >= kTinyNorm)) {
+  if (!keepColumn(before, 0.0)) {
     for (size_t i = 0; i < rows; ++i) F[i * r + c] = 0.0f;
     return 0;
   }

@@ -52,11 +52,11 @@ shoal_status_t reduce(shoal_comm_t comm, const char* name, const char* options, 
   return shoal_allreduce_tensor(comm, &in, &out, op, &opts);
 }
 
-// The saved state: error[count], Q[cols * r], trailer {count, cols, r, flags}.
+// The saved state (f32 tensors): error[count], Q[cols * r], trailer {count, cols, r, flags, dtype}.
 struct Saved {
   std::vector<uint8_t> bytes;
   std::vector<float> error, q;
-  uint64_t count = 0, cols = 0, r = 0, flags = 0;
+  uint64_t count = 0, cols = 0, r = 0, flags = 0, dtype = 0;
 };
 
 Saved save(shoal_comm_t comm, const char* options, const char* name) {
@@ -67,14 +67,15 @@ Saved save(shoal_comm_t comm, const char* options, const char* name) {
   s.bytes.resize(bytes);
   EXPECT_EQ(shoal_compressor_state_save(comm, "powersgd", options, name, s.bytes.data(), &bytes), SHOAL_OK)
       << shoal_last_error(comm);
-  if (bytes < 32) {
+  if (bytes < 40) {
     ADD_FAILURE() << "state of " << bytes << " bytes";
     return s;
   }
-  uint64_t trailer[4];
-  std::memcpy(trailer, s.bytes.data() + bytes - 32, 32);
-  s.count = trailer[0], s.cols = trailer[1], s.r = trailer[2], s.flags = trailer[3];
-  EXPECT_EQ(bytes, 4 * (s.count + s.cols * s.r) + 32);
+  uint64_t trailer[5];
+  std::memcpy(trailer, s.bytes.data() + bytes - 40, 40);
+  s.count = trailer[0], s.cols = trailer[1], s.r = trailer[2], s.flags = trailer[3], s.dtype = trailer[4];
+  EXPECT_EQ(s.dtype, static_cast<uint64_t>(SHOAL_F32));
+  EXPECT_EQ(bytes, 4 * (s.count + s.cols * s.r) + 40);
   s.error.resize(s.count);
   s.q.resize(s.cols * s.r);
   std::memcpy(s.error.data(), s.bytes.data(), 4 * s.count);

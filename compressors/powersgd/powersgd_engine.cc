@@ -1,0 +1,294 @@
+// The CPU PowerSGD step (see powersgd_engine.h).
+#include "compressors/powersgd/powersgd_engine.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "collectives/common/element_ops.h"
+#include "collectives/common/reducer.h"
+#include "compressors/powersgd/powersgd_math.h"
+
+namespace shoal::powersgd {
+namespace {
+
+using ops::BFloat16;
+using ops::Half;
+using ops::narrow;
+using ops::widen;
+
+constexpr size_t kTrailerWords = 5;
+
+float loadAsFloat(shoal_dtype_t dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case SHOAL_F16: return widen(static_cast<const Half*>(data)[i]);
+    case SHOAL_BF16: return widen(static_cast<const BFloat16*>(data)[i]);
+    default: return static_cast<const float*>(data)[i];
+  }
+}
+
+void storeFromFloat(shoal_dtype_t dtype, void* data, size_t i, float value) {
+  switch (dtype) {
+    case SHOAL_F16: static_cast<Half*>(data)[i] = narrow<Half>(value); break;
+    case SHOAL_BF16: static_cast<BFloat16*>(data)[i] = narrow<BFloat16>(value); break;
+    default: static_cast<float*>(data)[i] = value; break;
+  }
+}
+
+// dst[i] = g[i] + e[i] (ef) or g[i], in f32.
+void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const MatrixState& state, size_t count,
+             float* dst) {
+  if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
+    const auto* gf = static_cast<const float*>(g);
+    const auto* ef = reinterpret_cast<const float*>(state.error.data());
+    if (!options.ef) {
+      if (count) std::memcpy(dst, gf, count * sizeof(float));
+    } else {
+      for (size_t i = 0; i < count; ++i) dst[i] = gf[i] + ef[i];
+    }
+    return;
+  }
+  for (size_t i = 0; i < count; ++i)
+    dst[i] = loadAsFloat(dtype, g, i) + (options.ef ? loadAsFloat(dtype, state.error.data(), i) : 0.0f);
+}
+
+// Orthonormalizes the warm-start Q (drawing it on the first step), redrawing
+// zero columns from the RNG (at most a few times: a random column is zero or
+// dependent with probability ~0).
+void prepareQ(uint64_t seed, uint64_t key, MatrixState& state) {
+  const size_t cols = state.cols;
+  const int r = state.r;
+  float* q = state.q.data();
+  auto draw = [&](int c) {
+    const uint64_t generation = state.generation++;
+    for (size_t i = 0; i < cols; ++i) q[i * r + c] = uniformAt(seed, key, generation, i);
+  };
+  if (!state.qValid) {
+    for (int c = 0; c < r; ++c) draw(c);
+    state.qValid = true;
+  }
+  for (int c = 0; c < r; ++c)
+    for (int attempt = 0; attempt < 4 && !orthogonalizeColumn(q, cols, r, c); ++attempt) draw(c);
+}
+
+}  // namespace
+
+Shape shapeOf(size_t rows, size_t cols, int rank, double minCompressionRate, bool dense) {
+  Shape shape;
+  shape.rows = rows;
+  shape.cols = cols;
+  shape.count = rows * cols;
+  if (dense || shape.count == 0 || rows > INT32_MAX || cols > INT32_MAX) return shape;  // CBLAS takes int dimensions
+  const size_t r = std::min<size_t>({rows, cols, static_cast<size_t>(std::max(rank, 1))});
+  if (shouldCompress(rows, cols, r, minCompressionRate)) shape.r = static_cast<int>(r);
+  return shape;
+}
+
+Layout makeLayout(const std::vector<Shape>& shapes) {
+  Layout layout;
+  layout.entries.resize(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Entry& entry = layout.entries[i];
+    entry.shape = shapes[i];
+    entry.plainOffset = layout.plainElems;
+    layout.plainElems += shapes[i].count;
+    if (!shapes[i].r) continue;
+    ++layout.compressed;
+    auto same = [&](const Group& g) { return g.rows == shapes[i].rows && g.cols == shapes[i].cols && g.r == shapes[i].r; };
+    auto group = std::find_if(layout.groups.begin(), layout.groups.end(), same);
+    if (group == layout.groups.end()) {
+      layout.groups.push_back({shapes[i].rows, shapes[i].cols, shapes[i].r, {}});
+      group = layout.groups.end() - 1;
+    }
+    group->members.push_back(static_cast<int>(i));
+  }
+  for (const Group& group : layout.groups)
+    for (int i : group.members) {
+      Entry& entry = layout.entries[i];
+      entry.pOffset = layout.pElems;
+      layout.pElems += group.rows * group.r;
+      entry.qOffset = layout.qElems;
+      layout.qElems += group.cols * group.r;
+      entry.mOffset = layout.mElems;
+      layout.mElems += entry.shape.count;
+    }
+  for (Entry& entry : layout.entries)
+    if (!entry.shape.r) entry.pOffset = layout.pElems + layout.denseElems, layout.denseElems += entry.shape.count;
+  return layout;
+}
+
+bool supportedDtype(shoal_dtype_t dtype) { return dtype == SHOAL_F32 || dtype == SHOAL_F16 || dtype == SHOAL_BF16; }
+
+std::string checkState(MatrixState& state, const Shape& shape, shoal_dtype_t dtype) {
+  const size_t cols = shape.r ? shape.cols : 0;
+  if (state.typed || state.count || state.cols || !state.error.empty()) {
+    if (state.count != shape.count || state.cols != cols || state.r != shape.r || state.dtype != dtype)
+      return "it had " + std::to_string(state.count) + " " + shoal_dtype_name(state.dtype) + " elements (Q [" +
+             std::to_string(state.cols) + " x " + std::to_string(state.r) + "]) and now has " +
+             std::to_string(shape.count) + " " + shoal_dtype_name(dtype) + " (Q [" + std::to_string(cols) + " x " +
+             std::to_string(shape.r) + "]): a matrix must keep its shape, dtype and options";
+    state.typed = true;
+    return "";
+  }
+  state.typed = true;
+  state.dtype = dtype;
+  state.count = shape.count;
+  state.cols = cols;
+  state.r = shape.r;
+  state.error.assign(shape.count * dtypeSize(dtype), 0);
+  state.q.assign(cols * shape.r, 0.0f);
+  return "";
+}
+
+size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf, float* mbuf) {
+  if (plain) {
+    for (int t = 0; t < io.num; ++t) {
+      const Entry& entry = layout.entries[t];
+      float* dst = pbuf + entry.plainOffset;
+      for (size_t i = 0; i < entry.shape.count; ++i) dst[i] = loadAsFloat(io.dtypes[t], io.inputs[t], i);
+    }
+    return layout.plainElems;
+  }
+  for (int t = 0; t < io.num; ++t) {
+    const Entry& entry = layout.entries[t];
+    if (!entry.shape.r) gatherM(options, io.dtypes[t], io.inputs[t], *io.states[t], entry.shape.count, pbuf + entry.pOffset);
+  }
+  for (const Group& group : layout.groups)
+    for (int t : group.members) {
+      const Entry& entry = layout.entries[t];
+      MatrixState& state = *io.states[t];
+      float* m = mbuf + entry.mOffset;
+      gatherM(options, io.dtypes[t], io.inputs[t], state, entry.shape.count, m);
+      prepareQ(options.seed, io.keys[t], state);
+      // P_w [rows x r] = M [rows x cols] · Q [cols x r]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(group.rows), group.r,
+                  static_cast<int>(group.cols), 1.0f, m, static_cast<int>(group.cols), state.q.data(), group.r, 0.0f,
+                  pbuf + entry.pOffset, group.r);
+    }
+  return layout.pElems + layout.denseElems;
+}
+
+size_t phaseQ(const Options&, const Layout& layout, bool plain, float* pbuf, const float* mbuf, float* qbuf) {
+  if (plain || layout.compressed == 0) return 0;
+  for (const Group& group : layout.groups)
+    for (int t : group.members) {
+      const Entry& entry = layout.entries[t];
+      float* p = pbuf + entry.pOffset;
+      orthogonalize(p, group.rows, group.r);
+      // Q_w [cols x r] = Mᵀ [cols x rows] · P [rows x r]
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(group.cols), group.r,
+                  static_cast<int>(group.rows), 1.0f, mbuf + entry.mOffset, static_cast<int>(group.cols), p, group.r,
+                  0.0f, qbuf + entry.qOffset, group.r);
+    }
+  return layout.qElems;
+}
+
+void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io, const float* pbuf,
+                const float* qbuf, const float* mbuf, int worldSize, shoal_op_t op) {
+  const float n = static_cast<float>(worldSize);
+  const bool average = op == SHOAL_AVG;
+  auto writeDense = [&](int t, const float* sum) {
+    for (size_t i = 0; i < layout.entries[t].shape.count; ++i)
+      storeFromFloat(io.dtypes[t], io.outputs[t], i, average ? sum[i] / n : sum[i]);
+  };
+  if (plain) {
+    for (int t = 0; t < io.num; ++t) writeDense(t, pbuf + layout.entries[t].plainOffset);
+    return;
+  }
+  for (int t = 0; t < io.num; ++t) {
+    const Entry& entry = layout.entries[t];
+    if (entry.shape.r) continue;
+    writeDense(t, pbuf + entry.pOffset);
+    if (options.ef) std::fill(io.states[t]->error.begin(), io.states[t]->error.end(), 0);
+  }
+  std::vector<float> qt, a;
+  for (const Group& group : layout.groups) {
+    const int r = group.r;
+    const size_t rows = group.rows, cols = group.cols;
+    qt.resize(static_cast<size_t>(r) * cols);
+    a.resize(cols);
+    for (int t : group.members) {
+      const Entry& entry = layout.entries[t];
+      MatrixState& state = *io.states[t];
+      const float* qsum = qbuf + entry.qOffset;
+      for (size_t i = 0; i < cols * r; ++i) state.q[i] = qsum[i] / n;  // Q of the average, kept for the warm start
+      // A = P Qᵀ row by row: A[i, :] = sum_k P[i, k] Qᵀ[k, :], k ascending from 0
+      // (plain loops: the same bits on every rank, whatever BLAS threading does).
+      const float* p = pbuf + entry.pOffset;
+      for (size_t j = 0; j < cols; ++j)
+        for (int k = 0; k < r; ++k) qt[k * cols + j] = state.q[j * r + k];
+      const float* m = mbuf + entry.mOffset;
+      const shoal_dtype_t dtype = io.dtypes[t];
+      for (size_t i = 0; i < rows; ++i) {
+        const float* pi = p + i * r;
+        std::fill(a.begin(), a.end(), 0.0f);
+        for (int k = 0; k < r; ++k) {
+          const float pik = pi[k];
+          const float* qk = qt.data() + k * cols;
+          for (size_t j = 0; j < cols; ++j) a[j] += pik * qk[j];
+        }
+        const float* mi = m + i * cols;
+        if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
+          float* ei = reinterpret_cast<float*>(state.error.data()) + i * cols;
+          float* oi = static_cast<float*>(io.outputs[t]) + i * cols;
+          if (options.ef)
+            for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - a[j];
+          if (average)
+            std::memcpy(oi, a.data(), cols * sizeof(float));
+          else
+            for (size_t j = 0; j < cols; ++j) oi[j] = a[j] * n;
+          continue;
+        }
+        if (options.ef)
+          for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, state.error.data(), i * cols + j, mi[j] - a[j]);
+        for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, io.outputs[t], i * cols + j, average ? a[j] : a[j] * n);
+      }
+    }
+  }
+}
+
+size_t stateBytes(const MatrixState& state) {
+  // From the shape, not the vectors: a device state's host vectors are empty.
+  return state.count * dtypeSize(state.dtype) + sizeof(float) * state.cols * state.r + sizeof(uint64_t) * kTrailerWords;
+}
+
+void saveState(const MatrixState& state, uint8_t* out) {
+  const size_t errorBytes = state.error.size(), qBytes = state.q.size() * sizeof(float);
+  if (errorBytes) std::memcpy(out, state.error.data(), errorBytes);
+  if (qBytes) std::memcpy(out + errorBytes, state.q.data(), qBytes);
+  const uint64_t trailer[kTrailerWords] = {state.count, state.cols, static_cast<uint64_t>(state.r),
+                                           (state.qValid ? 1ull : 0ull) | (state.generation << 1),
+                                           static_cast<uint64_t>(state.dtype)};
+  std::memcpy(out + errorBytes + qBytes, trailer, sizeof trailer);
+}
+
+std::string loadState(const uint8_t* in, size_t bytes, MatrixState* out) {
+  uint64_t trailer[kTrailerWords];
+  if (in == nullptr || bytes < sizeof trailer)
+    return "a state of " + std::to_string(bytes) + " bytes is too short (at least " + std::to_string(sizeof trailer) +
+           ")";
+  std::memcpy(trailer, in + bytes - sizeof trailer, sizeof trailer);
+  const uint64_t count = trailer[0], cols = trailer[1], r = trailer[2], dtype = trailer[4];
+  const size_t element = dtype < SHOAL_DTYPE_COUNT ? dtypeSize(static_cast<shoal_dtype_t>(dtype)) : 0;
+  if (element == 0 || !supportedDtype(static_cast<shoal_dtype_t>(dtype)) || r > kMaxRank || (cols != 0 && r == 0) ||
+      count > bytes || cols > bytes || element * count + sizeof(float) * cols * r + sizeof trailer != bytes)
+    return "a state of " + std::to_string(bytes) + " bytes does not match its trailer (count " +
+           std::to_string(count) + ", Q " + std::to_string(cols) + " x " + std::to_string(r) + ", dtype " +
+           std::to_string(dtype) + ")";
+  MatrixState loaded;
+  loaded.dtype = static_cast<shoal_dtype_t>(dtype);
+  loaded.count = count;
+  loaded.cols = cols;
+  loaded.r = static_cast<int>(r);
+  loaded.qValid = (trailer[3] & 1u) != 0;
+  loaded.generation = trailer[3] >> 1;
+  loaded.error.assign(in, in + count * element);
+  loaded.q.resize(cols * r);
+  if (cols * r != 0) std::memcpy(loaded.q.data(), in + count * element, cols * r * sizeof(float));
+  *out = std::move(loaded);
+  return "";
+}
+
+}  // namespace shoal::powersgd
