@@ -76,8 +76,8 @@ SHOAL_EXPORT shoal_status_t shoal_fused_allreduce(shoal_comm_t comm, const shoal
              call, i, shoal_dtype_name(tensor.dtype), shoal_dtype_name(dtype));
       if (tensor.memory != SHOAL_MEMORY_HOST)
         fail(SHOAL_ERR_UNSUPPORTED,
-             "{}: tensors[{}] is not in host memory; CUDA tensors need a CUDA-enabled build, this one handles host "
-             "memory",
+             "{}: tensors[{}] is not in host memory; the fused call takes host tensors (for CUDA tensors, pack "
+             "them into one device buffer and call shoal_allreduce_tensor)",
              call, i);
       counts[i] = tensorElements(call, i, tensor);
       if (counts[i] > 0 && tensor.data == nullptr)
