@@ -84,6 +84,7 @@
 
 #include "compressors/common/text.h"
 #include "compressors/sketch/sketch_math.h"
+#include "compressors/sketch/sketch_peel.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
 
@@ -95,18 +96,23 @@ using namespace shoal::sketch;
 constexpr const char* kOptionsHelp =
     "values=auto|compact|sketch|dense: how the values at the union of supports travel (default auto: dense f32 "
     "when exact and smaller, else compact); cells_per_item=<float in [1.1, 64]>: sketch cells per union member "
-    "(default 1.3)";
+    "(default 1.3); index=bitmap|bloom: the union's index (default bitmap; bloom: a Bloom filter sized for "
+    "expected_density, smaller when the union is very sparse, its false positives decode to exact zeros); "
+    "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001)";
 
 enum class Mode { Auto, Compact, Sketch, Dense, None };
 
 struct Instance {
   Mode mode = Mode::Auto;
   double cellsPerItem = 1.3;
+  bool bloom = false;
+  double expectedDensity = 0.001;
 };
 
 struct TensorPlan {
   size_t count = 0;
-  size_t wordOffset = 0, words = 0;  // bitmap
+  size_t wordOffset = 0, words = 0;  // index: bitmap, or Bloom filter when bloom.words > 0
+  BloomGeometry bloom;
   bool anyFinite = false, nonfinite = false;
   int Q = 0, T = 0, L = 63, K = 0;
   Mode mode = Mode::None;
@@ -114,7 +120,7 @@ struct TensorPlan {
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
   size_t specialOffset = 0;       // in specials
   // sketch
-  uint64_t part = 0, seed = 0;
+  SketchGeometry geometry;
   std::vector<uint64_t> limbs;       // |U| * K recovered limb sums (limb-major: k * |U| + u)
   std::vector<size_t> leftover;      // positions in U not recovered
   size_t leftoverOffset = 0;
@@ -159,6 +165,22 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
       config.cellsPerItem = v;
+    } else if (key == "index") {
+      if (value == "bitmap" || value == "bloom") config.bloom = value == "bloom";
+      else {
+        writeText(params->error_text, params->error_text_size, "sketch: index='%s' is not one of bitmap, bloom",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+    } else if (key == "expected_density") {
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || end == nullptr || *end != '\0' || !(v > 0.0 && v < 1.0)) {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: expected_density='%s' is not a number in (0, 1)", value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+      config.expectedDensity = v;
     } else {
       writeText(params->error_text, params->error_text_size, "sketch: unknown option '%s'", key.c_str());
       return SHOAL_ERR_INVALID_ARGUMENT;
@@ -170,7 +192,8 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
 
 void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
-shoal_status_t start(void*, shoal_compress_op_t* op, void** opState) {
+shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
+  const Instance& inst = *static_cast<Instance*>(instance);
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_tensor_t& in = op->tensors[t].input;
     if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST) {
@@ -185,7 +208,9 @@ shoal_status_t start(void*, shoal_compress_op_t* op, void** opState) {
     TensorPlan& plan = state->plans[t];
     plan.count = plugin::elementsCount(op->tensors[t].input);
     plan.wordOffset = words;
-    plan.words = (plan.count + 63) / 64;
+    // The index's kind and size follow from the options and the shape alone: agreed without a round trip.
+    if (inst.bloom) plan.bloom = bloomGeometry(plan.count, inst.expectedDensity, mix64(op->step * 0xa0761d6478bd642full + uint64_t(t)));
+    plan.words = plan.bloom.words > 0 ? plan.bloom.words : (plan.count + 63) / 64;
     words += plan.words;
   }
   state->bitmap.assign(words, 0);
@@ -213,7 +238,8 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
     bool nonfinite = false, any = false;
     for (size_t i = 0; i < plan.count; ++i) {
       if ((ops::floatBits(x[i]) & 0x7fffffffu) == 0) continue;
-      bitmapSet(bits, i);
+      if (plan.bloom.words > 0) bloomInsert(bits, i, plan.bloom);
+      else bitmapSet(bits, i);
       if (!isFinite(x[i])) {
         nonfinite = true;
         continue;
@@ -254,9 +280,8 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     plan.L = 63 - c;
     plan.K = plan.anyFinite ? (plan.T - plan.Q + 1 + plan.L - 1) / plan.L : 0;
     const uint64_t* bits = s.bitmap.data() + plan.wordOffset;
-    for (size_t k = 0; k < plan.words; ++k)
-      for (uint64_t word = bits[k]; word; word &= word - 1)
-        plan.members.push_back(k * 64 + __builtin_ctzll(word));
+    if (plan.bloom.words > 0) bloomMembers(bits, plan.count, plan.bloom, plan.members);
+    else bitmapMembers(bits, plan.count, plan.members);
     const size_t u = plan.members.size();
     if (u == 0) {
       plan.mode = Mode::None;
@@ -285,9 +310,9 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     if (plan.mode == Mode::Compact) {
       valueWords += size_t(plan.K) * u;
     } else {
-      plan.part = std::max<uint64_t>(1, uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)));
-      plan.seed = mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1);
-      valueWords += size_t(plan.K) * 3 * plan.part;
+      plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)),
+                                     mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
+      valueWords += size_t(plan.K) * 3 * plan.geometry.part;
     }
   }
   s.values.assign(valueWords, 0);
@@ -313,87 +338,11 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
       if (plan.mode == Mode::Compact) {
         addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
       } else {
-        const size_t cells = 3 * plan.part;
-        for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.seed, j, plan.part), cells);
+        const size_t cells = 3 * plan.geometry.part;
+        for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.geometry, j), cells);
       }
     }
   }
-}
-
-// Peels plan's sketch (cells summed); fills plan.limbs and plan.leftover.
-// Returns false if the certificate fails (an internal error).
-// Memory-bound (random cell accesses): each cell's count, XORs and first limb
-// share one record, so touching a cell costs one cache miss (limbs 1.. live
-// apart; K = 1 is usual); a member's cells are recomputed from its index (the
-// XOR of indices), and results go to a sequential log, scattered afterwards.
-bool peel(TensorPlan& plan, const uint64_t* summed) {
-  const size_t u = plan.members.size(), cells = 3 * plan.part;
-  const int K = plan.K;
-  struct Cell {
-    uint64_t limb0;
-    uint64_t indexXor;     // XOR of the indices of the cell's members
-    uint64_t positionXor;  // XOR of their positions in U
-    uint64_t count;        // members of U hashed here, from U alone (never sent)
-  };
-  std::vector<Cell> cell(cells);
-  for (size_t cc = 0; cc < cells; ++cc) cell[cc] = Cell{summed[cc], 0, 0, 0};
-  std::vector<uint64_t> upper(summed + cells, summed + size_t(K) * cells);  // limbs 1..K-1, limb-major
-  for (size_t p = 0; p < u; ++p) {
-    const uint64_t index = plan.members[p];
-    for (int j = 0; j < 3; ++j) {
-      Cell& c = cell[cellOf(index, plan.seed, j, plan.part)];
-      ++c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= p;
-    }
-  }
-  struct Recovered {
-    uint64_t position, limb0;
-  };
-  std::vector<Recovered> log;
-  std::vector<uint64_t> logUpper;  // (K - 1) limbs per log entry
-  log.reserve(u);
-  std::vector<uint64_t> queue;
-  for (size_t cc = 0; cc < cells; ++cc)
-    if (cell[cc].count == 1) queue.push_back(cc);
-  uint64_t mine[16];  // K <= ceil(277 / 32) = 9: L = 63 - ceil(log2 n) >= 32 for any int world size
-  while (!queue.empty()) {
-    const uint64_t cc = queue.back();
-    queue.pop_back();
-    if (cell[cc].count != 1) continue;
-    const uint64_t index = cell[cc].indexXor, v0 = cell[cc].limb0;
-    log.push_back({cell[cc].positionXor, v0});
-    for (int k = 1; k < K; ++k) logUpper.push_back(mine[k] = upper[size_t(k - 1) * cells + cc]);
-    for (int j = 0; j < 3; ++j) {
-      const uint64_t d = cellOf(index, plan.seed, j, plan.part);
-      Cell& c = cell[d];
-      c.limb0 -= v0;
-      for (int k = 1; k < K; ++k) upper[size_t(k - 1) * cells + d] -= mine[k];
-      --c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= log.back().position;
-      if (c.count == 1) queue.push_back(d);
-    }
-  }
-  plan.limbs.assign(size_t(K) * u, 0);
-  std::vector<uint8_t> done(u, 0);
-  for (size_t e = 0; e < log.size(); ++e) {
-    const size_t p = log[e].position;
-    done[p] = 1;
-    plan.limbs[p] = log[e].limb0;
-    for (int k = 1; k < K; ++k) plan.limbs[size_t(k) * u + p] = logUpper[e * size_t(K - 1) + size_t(k - 1)];
-  }
-  plan.leftover.clear();
-  for (size_t p = 0; p < u; ++p)
-    if (!done[p]) plan.leftover.push_back(p);
-  if (log.size() == u) {
-    // Certificate: every cell must be empty and zero now.
-    for (const Cell& c : cell)
-      if (c.count != 0 || c.limb0 != 0) return false;
-    for (uint64_t v : upper)
-      if (v != 0) return false;
-  }
-  return true;
 }
 
 float decodeLimbs(const uint64_t* limbs, size_t stride, const TensorPlan& plan, int n, bool avg) {
@@ -499,7 +448,8 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     for (int t = 0; t < op->num_tensors; ++t) {
       TensorPlan& plan = s.plans[t];
       if (plan.mode != Mode::Sketch) continue;
-      if (!peel(plan, s.values.data() + plan.valueOffset)) {
+      if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K, s.values.data() + plan.valueOffset,
+                      plan.limbs, plan.leftover)) {
         writeText(op->error_text, op->error_text_size,
                   "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
         return SHOAL_ERR_INTERNAL;

@@ -5,8 +5,9 @@
 //
 // Pieces:
 //  - the index bitmap: bit i of word i / 64 is coordinate i;
-//  - the cell hash of (index, seed, j), j = 0, 1, 2 (partitioned table: hash j
-//    lands in part j of three equal parts, so an element's three cells differ);
+//  - the Bloom index (bit positions of a coordinate);
+//  - the count-sketch cell of (index, j), j = 0, 1, 2 (lane-rotated blocks),
+//    and the per-member steps of peeling (pure-cell test, apply);
 //  - the exact fixed-point encoding of an f32 as signed 64-bit limbs and the
 //    exact decoding of a sum of such encodings back to f32, rounded once.
 //
@@ -48,12 +49,101 @@ SHOAL_HD inline uint64_t mix64(uint64_t x) {
   return x;
 }
 
-// The cell of element `index` for hash j (0..2) in a table of 3 * part cells:
-// part j holds hash j's cells, so the three cells of one element are distinct.
-SHOAL_HD inline uint64_t cellOf(uint64_t index, uint64_t seed, int j, uint64_t part) {
-  uint64_t h = mix64(index * 0x9e3779b97f4a7c15ull + mix64(seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
-  // Multiply-shift range reduction (unbiased enough, no division).
-  return uint64_t(j) * part + static_cast<uint64_t>((static_cast<unsigned __int128>(h) * part) >> 64);
+// ---- count-sketch geometry: lane-rotated blocks -----------------------------
+// The table has 3 parts (hash j lands in part j, so an element's three cells
+// differ), each of rows x width cells, width a power of two <= 1024. Element i
+// is lane t = i mod width of block b = i / width; its cell in part j is
+//     j * part + row_j(b) * width + (t + offset_j(b)) mod width,
+// with row_j, offset_j from one hash of (b, seed, j). Neighbouring elements of
+// a block land in neighbouring cells of one row (coalesced on a GPU, cache-
+// friendly on a CPU, since U is scanned in ascending order), while the per-
+// block rotation keeps the hypergraph random enough to peel: with block-shared
+// rows and no rotation (the seed paper's code) two blocks that draw the same
+// three rows collide in EVERY lane, a structural 2-core that no amount of
+// space removes (tests/unit/test_sketch_math.cc shows both).
+struct SketchGeometry {
+  uint64_t part = 0;   // cells per part = rows << widthLog2
+  uint64_t rows = 0;
+  int widthLog2 = 0;
+  uint64_t seed = 0;
+};
+
+// A geometry of at least targetPart cells per part. The width is the largest
+// power of two <= 1024 with at least 8 rows (rounding costs < 1/8 of a part);
+// tiny tables get width 1 (plain per-element hashing).
+SHOAL_HD inline SketchGeometry sketchGeometry(uint64_t targetPart, uint64_t seed) {
+  SketchGeometry g;
+  if (targetPart == 0) targetPart = 1;
+  int w = 0;
+  while (w < 10 && (uint64_t(8) << (w + 1)) <= targetPart) ++w;
+  g.widthLog2 = w;
+  g.rows = (targetPart + (uint64_t(1) << w) - 1) >> w;
+  g.part = g.rows << w;
+  g.seed = seed;
+  return g;
+}
+
+// The cell of element `index` for hash j (0..2).
+SHOAL_HD inline uint64_t cellOf(uint64_t index, const SketchGeometry& g, int j) {
+  const uint64_t block = index >> g.widthLog2, mask = (uint64_t(1) << g.widthLog2) - 1;
+  const uint64_t h = mix64(block * 0x9e3779b97f4a7c15ull + mix64(g.seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
+  // Row from the high bits (multiply-shift range reduction), rotation from the low bits.
+  const uint64_t row = static_cast<uint64_t>((static_cast<unsigned __int128>(h) * g.rows) >> 64);
+  return uint64_t(j) * g.part + (row << g.widthLog2) + (((index & mask) + h) & mask);
+}
+
+// ---- peeling, per member (the two-phase rounds of the GPU; the CPU peel in
+// sketch_peel.h uses a queue but the same cells and the same pure-cell test) --
+// counts[c] = members of U hashed to cell c (computed from U, never sent).
+SHOAL_HD inline bool isPure(uint32_t count) { return count == 1; }
+
+// Phase A: the first of member `index`'s cells that holds it alone, or
+// UINT64_MAX. Cells of count 1 hold exactly that member's sum.
+SHOAL_HD inline uint64_t pureCellOf(uint64_t index, const SketchGeometry& g, const uint32_t* counts) {
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t c = cellOf(index, g, j);
+    if (isPure(counts[c])) return c;
+  }
+  return ~uint64_t(0);
+}
+
+// Phase B (one thread, plain arithmetic; the GPU does the same with atomics):
+// removes a recovered member's K limbs (limbs[k]) from its three cells.
+// Wrapping u64 arithmetic: exact modulo 2^64, whatever the cells held.
+SHOAL_HD inline void peelApply(uint64_t index, const SketchGeometry& g, const uint64_t* limbs, int K, uint64_t* cells,
+                               uint64_t stride, uint32_t* counts) {
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t c = cellOf(index, g, j);
+    for (int k = 0; k < K; ++k) cells[uint64_t(k) * stride + c] -= limbs[k];
+    --counts[c];
+  }
+}
+
+// ---- Bloom index ------------------------------------------------------------
+// An unblocked Bloom filter of `words` u64 words and `hashes` bit positions per
+// coordinate, ORed across ranks like the bitmap. Its members are every
+// coordinate whose bits are all set: U plus false positives, whose values are
+// zero on every rank, so they decode to exact +0 (they only cost space).
+struct BloomGeometry {
+  uint64_t words = 0;
+  int hashes = 0;
+  uint64_t seed = 0;
+};
+
+// Bit position h (0 <= h < hashes) of coordinate `index` in [0, 64 * words).
+SHOAL_HD inline uint64_t bloomBit(uint64_t index, const BloomGeometry& b, int h) {
+  const uint64_t x = mix64(index * 0xd6e8feb86659fd93ull + mix64(b.seed + 0x9e3779b97f4a7c15ull * uint64_t(h + 1)));
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * (b.words * 64)) >> 64);
+}
+
+SHOAL_HD inline void bloomInsert(uint64_t* words, uint64_t index, const BloomGeometry& b) {
+  for (int h = 0; h < b.hashes; ++h) bitmapSet(words, bloomBit(index, b, h));
+}
+
+SHOAL_HD inline bool bloomTest(const uint64_t* words, uint64_t index, const BloomGeometry& b) {
+  for (int h = 0; h < b.hashes; ++h)
+    if (!bitmapTest(words, bloomBit(index, b, h))) return false;
+  return true;
 }
 
 // ---- f32 decomposition ----------------------------------------------------------
