@@ -99,7 +99,8 @@ inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& 
 // with a pure cell takes that cell's limbs) then phase B (each one taken is
 // removed from its three cells), until a round recovers nothing. Same outputs
 // as peelSketch (the set peeling recovers does not depend on the order, and
-// the arithmetic is exact); returns the number of rounds.
+// the arithmetic is exact); *certified as peelSketch's result (false only when
+// every member peeled and a cell or count is not zero); returns the rounds.
 inline int peelTwoPhase(const uint64_t* members, size_t u, const SketchGeometry& g, int K, const uint64_t* summed,
                         std::vector<uint64_t>& limbs, std::vector<size_t>& leftover, bool* certified) {
   const size_t cells = 3 * g.part;

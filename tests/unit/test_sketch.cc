@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "compressors/sketch/sketch_math.h"
+#include "compressors/sketch/sketch_peel.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
@@ -337,6 +338,77 @@ TEST(Sketch, PayloadSmallerThanDenseAtOnePercent) {
   }
 }
 
+TEST(Sketch, BloomIndexExactOverDensitiesRanksAndModes) {
+  // index=bloom sized for the density it gets, and for one far below it (a
+  // saturated filter: many false positives), in every values= mode: exact.
+  const size_t count = 30011;
+  for (int n : {1, 2, 3, 5, 17}) {
+    std::vector<std::string> options;
+    for (const char* mode : kModes)
+      for (const char* index : {"index=bloom,expected_density=0.01", "index=bloom,expected_density=0.00001"})
+        options.push_back(std::string(mode) + "," + index);
+    std::vector<std::pair<Gen, std::vector<float>>> cases;
+    for (double density : {0.00001, 0.001, 0.01, 0.1})
+      for (Overlap overlap : {Overlap::Identical, Overlap::Independent}) {
+        Gen gen = sparseGen(hash3(n, uint64_t(density * 1e6), 40 + int(overlap)), n, density, overlap);
+        cases.emplace_back(gen, reference(gen, n, count, SHOAL_SUM));
+      }
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (size_t c = 0; c < cases.size(); ++c)
+        for (const std::string& o : options)
+          runOne(comm, rank, count, cases[c].first, o, SHOAL_SUM, cases[c].second,
+                 std::to_string(n) + " ranks, case " + std::to_string(c) + ", " + o, nullptr);
+    });
+  }
+}
+
+TEST(Sketch, BloomFalsePositivesDecodeToExactZeros) {
+  // A filter sized for 10 members holding ~3000: most probed coordinates are
+  // false positives. They travel as members (the compact payload says how
+  // many) and every one of them comes back +0.
+  const int n = 3;
+  const size_t count = 100003;
+  Gen gen = sparseGen(hash3(12, 34, 56), n, 0.01, Overlap::Independent, -12, 12);  // one limb
+  size_t unionSize = 0;
+  for (size_t i = 0; i < count; ++i) {
+    bool any = false;
+    for (int r = 0; r < n; ++r) any = any || gen(r, i) != 0.0f;
+    unionSize += any;
+  }
+  std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);  // +0 off the union
+  Result r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.0001", SHOAL_SUM, expected, "bloom fp");
+  const shoal::sketch::BloomGeometry b = shoal::sketch::bloomGeometry(count, 0.0001, 0);
+  ASSERT_GT(b.words, 0u);
+  // payload = filter + 3 stats words + one limb (values here need one) per member.
+  const size_t members = (r.stats.payload_bytes - 8 * b.words - 24) / 8;
+  EXPECT_GT(members, unionSize + 1000) << "expected many false positives";
+  EXPECT_LT(b.words * 64, count / 10) << "the filter should be far smaller than the bitmap";
+  // Sized right, the filter costs < 1/5 of the bitmap and adds few members.
+  r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.03", SHOAL_SUM, expected, "bloom sized");
+  const shoal::sketch::BloomGeometry sized = shoal::sketch::bloomGeometry(count, 0.03, 0);
+  ASSERT_GT(sized.words, 0u);
+  const size_t sizedMembers = (r.stats.payload_bytes - 8 * sized.words - 24) / 8;
+  EXPECT_GE(sizedMembers, unionSize);
+  EXPECT_LT(sizedMembers, unionSize + unionSize / 5);
+}
+
+TEST(Sketch, SeventeenRanksBitmap) {
+  const size_t count = 10007;
+  const int n = 17;
+  std::vector<std::pair<Gen, std::vector<float>>> cases;
+  for (double density : {0.001, 0.1, 1.0})
+    for (Overlap overlap : {Overlap::Identical, Overlap::Disjoint, Overlap::Independent}) {
+      Gen gen = sparseGen(hash3(17, uint64_t(density * 1e6), int(overlap)), n, density, overlap, -12, 12);
+      cases.emplace_back(gen, reference(gen, n, count, SHOAL_SUM));
+    }
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    for (size_t c = 0; c < cases.size(); ++c)
+      for (const char* mode : kModes)
+        runOne(comm, rank, count, cases[c].first, mode, SHOAL_SUM, cases[c].second,
+               "17 ranks, case " + std::to_string(c) + ", " + mode, nullptr);
+  });
+}
+
 TEST(Sketch, OptionsRefusedWithText) {
   runRanks(2, [](int, shoal_comm_t comm) {
     float data[4] = {1, 2, 3, 4};
@@ -344,7 +416,8 @@ TEST(Sketch, OptionsRefusedWithText) {
     shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
     opts.compressor = "sketch";
     opts.compress_min_bytes = 0;
-    for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1"}) {
+    for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1",
+                            "index=tree", "expected_density=0", "expected_density=1.5"}) {
       opts.compressor_options = bad;
       EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT) << bad;
       std::string key = std::string(bad).substr(0, std::string(bad).find('='));
