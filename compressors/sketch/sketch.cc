@@ -79,7 +79,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compressors/common/text.h"
@@ -98,7 +100,9 @@ constexpr const char* kOptionsHelp =
     "when exact and smaller, else compact); cells_per_item=<float in [1.1, 64]>: sketch cells per union member "
     "(default 1.3); index=bitmap|bloom: the union's index (default bitmap; bloom: a Bloom filter sized for "
     "expected_density, smaller when the union is very sparse, its false positives decode to exact zeros); "
-    "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001)";
+    "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001); "
+    "ratio=<float in [1.5, 1e6]>: a count sketch of count/ratio cells sized in advance and sent with the index "
+    "(one round when it peels; default off: the sketch is sized after the index)";
 
 enum class Mode { Auto, Compact, Sketch, Dense, None };
 
@@ -107,6 +111,11 @@ struct Instance {
   double cellsPerItem = 1.3;
   bool bloom = false;
   double expectedDensity = 0.001;
+  double ratio = 0;  // > 0: pre-sized sketch in round 0
+  // ratio mode: the scale (T, Q) agreed by the last operation, per (tensor position, count). Every
+  // rank sees the same operations in the same order, so every rank guesses alike; round 0 checks
+  // that they did (guess words) and that the values fit, else falls back losslessly.
+  std::map<std::pair<int, size_t>, std::pair<int, int>> lastScale;
 };
 
 struct TensorPlan {
@@ -124,13 +133,19 @@ struct TensorPlan {
   std::vector<uint64_t> limbs;       // |U| * K recovered limb sums (limb-major: k * |U| + u)
   std::vector<size_t> leftover;      // positions in U not recovered
   size_t leftoverOffset = 0;
+  const uint64_t* leftoverBase = nullptr;  // the leftovers' summed limbs (limb-major, m per limb)
   std::vector<float> result;         // |U| decoded values
+  // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
+  bool presized = false, presizedValid = false;
+  int Tg = 0, Qg = 0, Kg = 0;
+  size_t presizedOffset = 0;
 };
 
 struct OpState {
   std::vector<TensorPlan> plans;
-  std::vector<uint64_t> bitmap, stats, values, specials, leftovers;
+  std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
   std::vector<float> dense;
+  size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
 };
 
@@ -181,6 +196,15 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
       config.expectedDensity = v;
+    } else if (key == "ratio") {
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || end == nullptr || *end != '\0' || !(v >= 1.5 && v <= 1e6)) {
+        writeText(params->error_text, params->error_text_size, "sketch: ratio='%s' is not a number in [1.5, 1e6]",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+      config.ratio = v;
     } else {
       writeText(params->error_text, params->error_text_size, "sketch: unknown option '%s'", key.c_str());
       return SHOAL_ERR_INVALID_ARGUMENT;
@@ -214,7 +238,30 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
     words += plan.words;
   }
   state->bitmap.assign(words, 0);
-  state->stats.assign(3 * size_t(op->num_tensors), 0);
+  if (inst.ratio > 0) {
+    state->statsStride = 5;
+    const int L = 63 - ceilLog2(op->world_size);
+    size_t cells = 0;
+    for (int t = 0; t < op->num_tensors; ++t) {
+      TensorPlan& plan = state->plans[t];
+      if (plan.count == 0) continue;
+      plan.presized = true;
+      // One limb per cell, so the payload's size follows from the options and the shape alone (ranks
+      // whose histories differ still send equal sizes; the guess words catch the difference). The
+      // window is L bits below 2^(Tg+1): the last agreed top + 2, or without history 2^8 (values in
+      // (-512, 512) down to 2^(9 - L), about 2^-51: typical gradients).
+      auto last = inst.lastScale.find({t, plan.count});
+      plan.Tg = last == inst.lastScale.end() ? 8 : std::min(127, last->second.first + 2);
+      plan.Kg = 1;
+      plan.Qg = plan.Tg + 1 - L;
+      plan.geometry = sketchGeometry(uint64_t(std::ceil(double(plan.count) / inst.ratio / 3.0)),
+                                     mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 0x51));
+      plan.presizedOffset = cells;
+      cells += size_t(plan.Kg) * 3 * plan.geometry.part;
+    }
+    state->presized.assign(cells, 0);
+  }
+  state->stats.assign(state->statsStride * size_t(op->num_tensors), 0);
   *opState = state;
   return SHOAL_OK;
 }
@@ -228,7 +275,9 @@ void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, void* bu
   p.count = count;
 }
 
-// Round 0: local bitmap and exponent statistics.
+uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
+
+// Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
 void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
@@ -249,14 +298,32 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
       top = std::max(top, p.top);
       lowest = std::min(lowest, p.lowest);
     }
-    uint64_t* w = s.stats.data() + 3 * size_t(t);
+    uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     w[0] = any ? uint64_t(top + 200) : 0;
     w[1] = any ? uint64_t(200 - lowest) : 0;
     w[2] = nonfinite ? 1 : 0;
+    if (!plan.presized) continue;
+    // After MAX, w[3] = the largest guess and ~w[4] the smallest: equal iff every rank guessed alike.
+    w[3] = scaleCode(plan);
+    w[4] = ~scaleCode(plan);
+    // Values outside the guessed scale stay out: the stats reveal them and the tensor falls back.
+    uint64_t* cells = s.presized.data() + plan.presizedOffset;
+    const size_t stride = 3 * plan.geometry.part;
+    const int L = 63 - ceilLog2(op->world_size);
+    for (size_t i = 0; i < plan.count; ++i) {
+      if ((ops::floatBits(x[i]) & 0x7fffffffu) == 0 || !isFinite(x[i])) continue;
+      FloatParts p = decompose(x[i]);
+      if (p.lowest < plan.Qg || p.top > plan.Tg) continue;
+      for (int j = 0; j < 3; ++j) addLimbs(x[i], plan.Qg, L, plan.Kg, cells + cellOf(i, plan.geometry, j), stride);
+    }
   }
   round->num_payloads = 2;
   setPayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
   setPayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
+  if (!s.presized.empty()) {
+    round->num_payloads = 3;
+    setPayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+  }
 }
 
 uint64_t specialBits(float x) {
@@ -266,13 +333,23 @@ uint64_t specialBits(float x) {
   return 0;
 }
 
-// After round 0: plan each tensor and encode its values.
-void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
-  const int n = op->world_size, c = ceilLog2(n);
-  size_t valueWords = 0, denseCount = 0, specialWords = 0;
+// The K limbs of each leftover member (limb-major, m per limb), summed next.
+void encodeLeftovers(TensorPlan& plan, const float* x, uint64_t* base) {
+  const size_t m = plan.leftover.size();
+  plan.leftoverBase = base + plan.leftoverOffset;
+  for (size_t l = 0; l < m; ++l) {
+    float v = x[plan.members[plan.leftover[l]]];
+    if (isFinite(v)) addLimbs(v, plan.Q, plan.L, plan.K, base + plan.leftoverOffset + l, m);
+  }
+}
+
+// After round 0: the union, the agreed scale, and in ratio mode whether the
+// pre-sized sketch holds every value (then it is peeled now).
+shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
+  const int c = ceilLog2(op->world_size);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
-    const uint64_t* w = s.stats.data() + 3 * size_t(t);
+    const uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     plan.anyFinite = w[0] != 0;
     plan.nonfinite = w[2] != 0;
     plan.T = int(w[0]) - 200;
@@ -282,7 +359,38 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     const uint64_t* bits = s.bitmap.data() + plan.wordOffset;
     if (plan.bloom.words > 0) bloomMembers(bits, plan.count, plan.bloom, plan.members);
     else bitmapMembers(bits, plan.count, plan.members);
+    if (!plan.presized) continue;
+    if (plan.anyFinite) inst.lastScale[{t, plan.count}] = {plan.T, plan.Q};
+    const bool agreed = w[4] == ~w[3];
+    plan.presizedValid = agreed && !plan.nonfinite && !plan.members.empty() && plan.T <= plan.Tg &&
+                         plan.Q >= plan.Qg;
+    if (!plan.presizedValid) continue;
+    plan.mode = Mode::Sketch;
+    plan.Q = plan.Qg;
+    plan.K = plan.Kg;
+    if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
+                    s.presized.data() + plan.presizedOffset, plan.limbs, plan.leftover)) {
+      writeText(op->error_text, op->error_text_size,
+                "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
+      return SHOAL_ERR_INTERNAL;
+    }
+  }
+  return SHOAL_OK;
+}
+
+// After round 0: choose each tensor's values mode and encode its values (and
+// the leftovers of valid pre-sized sketches).
+void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
+  const int n = op->world_size, c = ceilLog2(n);
+  size_t valueWords = 0, denseCount = 0, specialWords = 0, presizedLeftoverWords = 0;
+  for (int t = 0; t < op->num_tensors; ++t) {
+    TensorPlan& plan = s.plans[t];
     const size_t u = plan.members.size();
+    if (plan.presizedValid) {
+      plan.leftoverOffset = presizedLeftoverWords;
+      presizedLeftoverWords += size_t(plan.K) * plan.leftover.size();
+      continue;
+    }
     if (u == 0) {
       plan.mode = Mode::None;
       continue;
@@ -294,7 +402,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     switch (inst.mode) {
       case Mode::Auto: plan.mode = denseExact && denseBytes < compactBytes ? Mode::Dense : Mode::Compact; break;
       case Mode::Dense: plan.mode = denseExact ? Mode::Dense : Mode::Compact; break;
-      case Mode::Sketch: plan.mode = plan.K > 0 ? Mode::Sketch : Mode::Compact; break;
+      case Mode::Sketch: plan.mode = plan.K > 0 && inst.ratio == 0 ? Mode::Sketch : Mode::Compact; break;
       default: plan.mode = Mode::Compact; break;
     }
     if (plan.mode == Mode::Dense) {
@@ -318,10 +426,15 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
   s.values.assign(valueWords, 0);
   s.specials.assign(specialWords, 0);
   s.dense.assign(denseCount, 0.0f);
+  s.presizedLeftovers.assign(presizedLeftoverWords, 0);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
     const float* x = inputOf(op->tensors[t]);
     const size_t u = plan.members.size();
+    if (plan.presizedValid) {
+      encodeLeftovers(plan, x, s.presizedLeftovers.data());
+      continue;
+    }
     if (plan.mode == Mode::Dense) {
       std::memcpy(s.dense.data() + plan.valueOffset, x, plan.count * sizeof(float));
       continue;
@@ -404,7 +517,7 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
       const size_t m = plan.leftover.size();
       for (size_t l = 0; l < m; ++l)
         for (int k = 0; k < plan.K; ++k)
-          plan.limbs[size_t(k) * u + plan.leftover[l]] = s.leftovers[plan.leftoverOffset + size_t(k) * m + l];
+          plan.limbs[size_t(k) * u + plan.leftover[l]] = plan.leftoverBase[size_t(k) * m + l];
       limbs = plan.limbs.data();
       stride = u;
     }
@@ -419,7 +532,7 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
 }
 
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
-  const Instance& inst = *static_cast<Instance*>(instance);
+  Instance& inst = *static_cast<Instance*>(instance);
   OpState& s = *static_cast<OpState*>(opState);
   if (round->index == 0) {
     encodeIndex(s, op, round);
@@ -427,16 +540,20 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     return SHOAL_OK;
   }
   if (s.stage == 0) {
+    if (shoal_status_t status = readIndex(inst, s, op); status != SHOAL_OK) return status;
     encodeValues(inst, s, op);
     s.stage = 1;
     int np = 0;
+    if (!s.presizedLeftovers.empty())
+      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(), s.presizedLeftovers.size());
     if (!s.values.empty()) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
     if (!s.dense.empty()) setPayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
     if (!s.specials.empty())
       setPayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
-    // Nothing to send: every tensor is zero.
+    // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.
+    decodeKnown(s, op, true);
     writeOutputs(s, op);
     round->num_payloads = 0;
     round->done = 1;
@@ -447,7 +564,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     size_t leftoverWords = 0;
     for (int t = 0; t < op->num_tensors; ++t) {
       TensorPlan& plan = s.plans[t];
-      if (plan.mode != Mode::Sketch) continue;
+      if (plan.mode != Mode::Sketch || plan.presizedValid) continue;
       if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K, s.values.data() + plan.valueOffset,
                       plan.limbs, plan.leftover)) {
         writeText(op->error_text, op->error_text_size,
@@ -462,13 +579,8 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
       s.leftovers.assign(leftoverWords, 0);
       for (int t = 0; t < op->num_tensors; ++t) {
         TensorPlan& plan = s.plans[t];
-        if (plan.mode != Mode::Sketch || plan.leftover.empty()) continue;
-        const float* x = inputOf(op->tensors[t]);
-        const size_t m = plan.leftover.size();
-        for (size_t l = 0; l < m; ++l) {
-          float v = x[plan.members[plan.leftover[l]]];
-          if (isFinite(v)) addLimbs(v, plan.Q, plan.L, plan.K, s.leftovers.data() + plan.leftoverOffset + l, m);
-        }
+        if (plan.mode != Mode::Sketch || plan.presizedValid || plan.leftover.empty()) continue;
+        encodeLeftovers(plan, inputOf(op->tensors[t]), s.leftovers.data());
       }
       round->num_payloads = 1;
       setPayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());

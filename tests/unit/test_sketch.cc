@@ -417,7 +417,8 @@ TEST(Sketch, OptionsRefusedWithText) {
     opts.compressor = "sketch";
     opts.compress_min_bytes = 0;
     for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1",
-                            "index=tree", "expected_density=0", "expected_density=1.5"}) {
+                            "index=tree", "expected_density=0", "expected_density=1.5", "ratio=1",
+                            "ratio=x"}) {
       opts.compressor_options = bad;
       EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT) << bad;
       std::string key = std::string(bad).substr(0, std::string(bad).find('='));
@@ -451,8 +452,10 @@ struct SimRank {
   char error[256] = {};
 };
 
+// perRank: optional instances (created by the caller with the same options), one per rank.
 void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector<std::vector<Gen>>& gens,
-              const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds) {
+              const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds,
+              const std::vector<void*>* perRank = nullptr) {
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
   std::vector<std::string> keys, values;
@@ -493,13 +496,14 @@ void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector
     R.op.step = 3;
     R.op.error_text = R.error;
     R.op.error_text_size = sizeof R.error;
-    ASSERT_EQ(table->start(instance, &R.op, &R.state), SHOAL_OK) << R.error;
+    ASSERT_EQ(table->start(perRank ? (*perRank)[r] : instance, &R.op, &R.state), SHOAL_OK) << R.error;
     R.round.struct_size = sizeof R.round;
   }
   for (int index = 0;; ++index) {
     for (SimRank& R : ranks) {
       R.round.index = index;
-      ASSERT_EQ(table->round(instance, R.state, &R.op, &R.round), SHOAL_OK) << R.error;
+      ASSERT_EQ(table->round(perRank ? (*perRank)[&R - ranks.data()] : instance, R.state, &R.op, &R.round), SHOAL_OK)
+          << R.error;
     }
     for (SimRank& R : ranks) ASSERT_EQ(R.round.done, ranks[0].round.done);
     if (ranks[0].round.done) {
@@ -534,7 +538,7 @@ void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector
       }
     }
   }
-  for (SimRank& R : ranks) table->finish(instance, R.state);
+  for (int r = 0; r < n; ++r) table->finish(perRank ? (*perRank)[r] : instance, ranks[r].state);
   table->destroy(instance);
   outputs->clear();
   for (int t = 0; t < T; ++t) {
@@ -612,6 +616,131 @@ TEST(SketchMath, RoundToFloatMatchesCastsOnIntegers) {
     float got = shoal::sketch::roundToFloat(b, Q, false, false);
     float want = float(std::ldexp(static_cast<long double>(v), Q));
     ASSERT_EQ(bitsOf(got), bitsOf(want)) << "v " << v << " Q " << Q;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// ---- ratio=R: the sketch sized in advance, sent with the index in round 0 ----
+
+TEST(SketchRatio, OneRoundWhenItPeelsExactAlways) {
+  // ratio=20: count/20 cells of one limb. At 0.05-0.2% union density the
+  // sketch peels: one round (index + cells), at the default window on the
+  // first call (values below 2^9) and at the last agreed scale on the second.
+  // Overloaded (10% density) it leaves leftovers: a second round, still exact.
+  const size_t count = 100003;
+  for (int n : {1, 2, 3, 5, 8}) {
+    struct Case {
+      Gen gen;
+      std::vector<float> expected;
+      double density;
+    };
+    std::vector<Case> cases;
+    for (double density : {0.0005, 0.002, 0.1}) {
+      Gen gen = sparseGen(hash3(n, uint64_t(density * 1e6), 77), n, density, Overlap::Identical, -10, 5);
+      cases.push_back({gen, reference(gen, n, count, SHOAL_SUM), density});
+    }
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (const Case& c : cases) {
+        shoal_compress_stats_t first = SHOAL_COMPRESS_STATS_INIT, second = SHOAL_COMPRESS_STATS_INIT;
+        const std::string what = std::to_string(n) + " ranks, density " + std::to_string(c.density);
+        runOne(comm, rank, count, c.gen, "ratio=20", SHOAL_SUM, c.expected, what + ", first call", &first);
+        runOne(comm, rank, count, c.gen, "ratio=20", SHOAL_SUM, c.expected, what + ", second call", &second);
+        if (rank != 0) continue;
+        if (c.density < 0.01) {
+          // index (count / 8 bytes) + cells (8 bytes each, count / 20) + stats: 7x below dense.
+          EXPECT_EQ(second.payload_bytes, first.payload_bytes) << what << ": sizes follow from options and shape";
+          EXPECT_LT(first.payload_bytes, count * 4 / 7) << what;
+          EXPECT_EQ(first.rounds, 1) << what;
+          EXPECT_EQ(second.rounds, 1) << what;
+        } else {
+          EXPECT_EQ(second.rounds, 2) << what << ": an overloaded sketch needs the leftover round";
+        }
+      }
+    });
+  }
+}
+
+TEST(SketchRatio, ScaleChangeFallsBackLosslessly) {
+  // Second call's values are 2^20 larger (above the guessed top) and then 2^-40
+  // smaller (below the guessed lowest bit): round 0's statistics show the
+  // cells cannot hold them, and the values travel compact in round 2. Then
+  // Inf in a pre-sized tensor: also a fallback.
+  const size_t count = 50021;
+  const int n = 3;
+  Gen base = sparseGen(hash3(1, 2, 3), n, 0.001, Overlap::Independent, -5, 5);
+  Gen big = [&](int r, size_t i) { return base(r, i) * 0x1p20f; };
+  Gen tiny = [&](int r, size_t i) { return base(r, i) * 0x1p-40f; };
+  Gen inf = [&](int r, size_t i) { return i == 17 && r == 1 ? std::numeric_limits<float>::infinity() : base(r, i); };
+  std::vector<float> infExpected = reference(base, n, count, SHOAL_SUM);
+  infExpected[17] = std::numeric_limits<float>::infinity();
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
+    runOne(comm, rank, count, base, "ratio=50", SHOAL_SUM, reference(base, n, count, SHOAL_SUM), "base", &stats);
+    runOne(comm, rank, count, base, "ratio=50", SHOAL_SUM, reference(base, n, count, SHOAL_SUM), "base again", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 1);
+    runOne(comm, rank, count, big, "ratio=50", SHOAL_SUM, reference(big, n, count, SHOAL_SUM), "big", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2) << "values above the guess must fall back";
+    runOne(comm, rank, count, tiny, "ratio=50", SHOAL_SUM, reference(tiny, n, count, SHOAL_SUM), "tiny", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2) << "values below the guess must fall back";
+    runOne(comm, rank, count, inf, "ratio=50", SHOAL_SUM, infExpected, "inf", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2);
+  });
+}
+
+TEST(SketchRatio, RanksThatGuessDifferentlyFallBack) {
+  // Rank 0's instance has a history (a previous operation), rank 1's has not:
+  // their cells use different scales. Round 0's guess words reveal it and
+  // every rank falls back to the values round: exact, never mixed.
+  const shoal_compressor_t* table = nullptr;
+  ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
+  const char* keys[] = {"ratio"};
+  const char* values[] = {"20"};
+  char err[256] = {};
+  shoal_compressor_params_t params{sizeof params, 1, keys, values, nullptr, err, sizeof err};
+  std::vector<void*> instances(2, nullptr);
+  for (void*& instance : instances) ASSERT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
+  const int n = 2;
+  Gen gen = sparseGen(hash3(4, 5, 6), n, 0.002, Overlap::Independent, -8, 8);
+  const std::vector<size_t> counts = {40000};
+  std::vector<std::vector<float>> outputs;
+  int rounds = 0;
+  // Warm rank 0's instance alone: a 1-rank op on the same shape.
+  std::vector<void*> warm = {instances[0]};
+  simulate("ratio=20", 1, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &warm);
+  ASSERT_EQ(rounds, 1);
+  simulate("ratio=20", n, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &instances);
+  EXPECT_EQ(rounds, 2) << "mismatched guesses must not be peeled";
+  std::vector<float> want = reference(gen, n, counts[0], SHOAL_SUM);
+  for (size_t i = 0; i < counts[0]; ++i) ASSERT_EQ(bitsOf(outputs[0][i]), bitsOf(want[i])) << i;
+  // Both instances now share the history: one round again.
+  simulate("ratio=20", n, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &instances);
+  EXPECT_EQ(rounds, 1);
+  for (size_t i = 0; i < counts[0]; ++i) ASSERT_EQ(bitsOf(outputs[0][i]), bitsOf(want[i])) << i;
+  for (void* instance : instances) table->destroy(instance);
+}
+
+TEST(SketchRatio, FusedTensorsAndModes) {
+  const int n = 4;
+  Gen sparse = sparseGen(78, n, 0.003, Overlap::Independent);
+  Gen dense = sparseGen(79, n, 0.5, Overlap::Independent);
+  Gen empty = [](int, size_t) -> float { return 0.0f; };
+  const std::vector<std::vector<Gen>> gens = {{sparse}, {dense}, {empty}, {sparse}};
+  const std::vector<size_t> counts = {30000, 4000, 300, 0};
+  for (const char* options : {"ratio=30", "ratio=30,values=dense", "ratio=30,index=bloom,expected_density=0.01"}) {
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      std::vector<std::vector<float>> outputs;
+      int rounds = 0;
+      simulate(options, n, op, gens, counts, &outputs, &rounds);
+      if (HasFatalFailure()) return;
+      for (size_t t = 0; t < counts.size(); ++t) {
+        std::vector<float> want = reference(gens[t][0], n, counts[t], op);
+        for (size_t i = 0; i < counts[t]; ++i)
+          ASSERT_EQ(bitsOf(outputs[t][i]), bitsOf(want[i])) << options << " tensor " << t << " element " << i;
+      }
+    }
   }
 }
 
