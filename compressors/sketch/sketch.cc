@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "compressors/common/text.h"
+#include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
 #include "plugin/driver.h"
@@ -94,6 +95,7 @@ namespace shoal::compressors {
 namespace {
 
 using namespace shoal::sketch;
+using namespace shoal::compressors::sketch_impl;
 
 constexpr const char* kOptionsHelp =
     "values=auto|compact|sketch|dense: how the values at the union of supports travel (default auto: dense f32 "
@@ -103,20 +105,6 @@ constexpr const char* kOptionsHelp =
     "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001); "
     "ratio=<float in [1.5, 1e6]>: a count sketch of count/ratio cells sized in advance and sent with the index "
     "(one round when it peels; default off: the sketch is sized after the index)";
-
-enum class Mode { Auto, Compact, Sketch, Dense, None };
-
-struct Instance {
-  Mode mode = Mode::Auto;
-  double cellsPerItem = 1.3;
-  bool bloom = false;
-  double expectedDensity = 0.001;
-  double ratio = 0;  // > 0: pre-sized sketch in round 0
-  // ratio mode: the scale (T, Q) agreed by the last operation, per (tensor position, count). Every
-  // rank sees the same operations in the same order, so every rank guesses alike; round 0 checks
-  // that they did (guess words) and that the values fit, else falls back losslessly.
-  std::map<std::pair<int, size_t>, std::pair<int, int>> lastScale;
-};
 
 struct TensorPlan {
   size_t count = 0;
@@ -150,12 +138,6 @@ struct OpState {
 };
 
 const float* inputOf(const shoal_compress_tensor_t& t) { return static_cast<const float*>(t.input.data); }
-
-int ceilLog2(int n) {
-  int c = 0;
-  while ((1 << c) < n) ++c;
-  return c;
-}
 
 shoal_status_t create(const shoal_compressor_params_t* params, void** instance) {
   Instance config;
@@ -266,15 +248,6 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
   return SHOAL_OK;
 }
 
-void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, void* buffer, size_t count) {
-  p = shoal_payload_t{};
-  p.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  p.dtype = dtype;
-  p.op = op;
-  p.buffer = buffer;
-  p.count = count;
-}
-
 uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
 
 // Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
@@ -326,13 +299,6 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
   }
 }
 
-uint64_t specialBits(float x) {
-  uint32_t b = ops::floatBits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return 4;
-  if ((b & 0x7fffffffu) == 0x7f800000u) return (b >> 31) ? 2 : 1;
-  return 0;
-}
-
 // The K limbs of each leftover member (limb-major, m per limb), summed next.
 void encodeLeftovers(TensorPlan& plan, const float* x, uint64_t* base) {
   const size_t m = plan.leftover.size();
@@ -381,7 +347,7 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
 // After round 0: choose each tensor's values mode and encode its values (and
 // the leftovers of valid pre-sized sketches).
 void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
-  const int n = op->world_size, c = ceilLog2(n);
+  const int n = op->world_size;
   size_t valueWords = 0, denseCount = 0, specialWords = 0, presizedLeftoverWords = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
@@ -395,16 +361,8 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
       plan.mode = Mode::None;
       continue;
     }
-    const int span = plan.T - plan.Q + 1;
-    const bool denseExact = !plan.anyFinite || (span + c <= 24 && plan.T + c + 1 <= 127);
-    const double denseBytes = 4.0 * double(plan.count);
-    const double compactBytes = 8.0 * plan.K * double(u) + (plan.nonfinite ? 8.0 * double(u) : 0.0);
-    switch (inst.mode) {
-      case Mode::Auto: plan.mode = denseExact && denseBytes < compactBytes ? Mode::Dense : Mode::Compact; break;
-      case Mode::Dense: plan.mode = denseExact ? Mode::Dense : Mode::Compact; break;
-      case Mode::Sketch: plan.mode = plan.K > 0 && inst.ratio == 0 ? Mode::Sketch : Mode::Compact; break;
-      default: plan.mode = Mode::Compact; break;
-    }
+    plan.mode = chooseMode(inst.mode, inst.ratio == 0, plan.count, u, plan.K, plan.anyFinite, plan.nonfinite,
+                           plan.T - plan.Q + 1, plan.T, n);
     if (plan.mode == Mode::Dense) {
       plan.valueOffset = denseCount;
       denseCount += plan.count;
@@ -458,27 +416,6 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
   }
 }
 
-float decodeLimbs(const uint64_t* limbs, size_t stride, const TensorPlan& plan, int n, bool avg) {
-  if (plan.K == 1) return decodeOneLimb(static_cast<int64_t>(limbs[0]), plan.Q, avg ? n : 1);
-  Big big;
-  bigZero(big);
-  for (int k = 0; k < plan.K; ++k) bigAddShifted(big, static_cast<int64_t>(limbs[size_t(k) * stride]), k * plan.L);
-  bool negative = bigNegative(big);
-  if (negative) bigNegate(big);
-  int Q = plan.Q;
-  bool sticky = false;
-  if (avg && n > 1 && bigTop(big) >= 0) {
-    sticky = bigShiftDivide(big, uint64_t(n));
-    Q -= 64;
-  }
-  return roundToFloat(big, Q, sticky, negative);
-}
-
-float decodeSpecial(uint64_t bits) {
-  if ((bits & 4) || (bits & 3) == 3) return ops::bitsFloat(0x7fc00000u);
-  return (bits & 1) ? __builtin_inff() : -__builtin_inff();
-}
-
 void writeOutputs(OpState& s, shoal_compress_op_t* op) {
   const int n = op->world_size;
   const bool avg = op->op == SHOAL_AVG;
@@ -526,7 +463,7 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
       if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
         plan.result[p] = decodeSpecial(s.specials[plan.specialOffset + p]);
       else
-        plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan, n, avg) : 0.0f;
+        plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan.K, plan.L, plan.Q, n, avg) : 0.0f;
     }
   }
 }

@@ -1,5 +1,5 @@
 // Per-element logic of the sketch compressor, shared by the host code
-// (sketch.cc) and a later CUDA kernel: everything here is __host__ __device__
+// (sketch.cc) and the CUDA kernels (sketch.cu): everything here is __host__ __device__
 // under nvcc (SHOAL_HD, from collectives/common/element_ops.h) and plain inline
 // C++ otherwise. No allocation, no standard containers.
 //
@@ -39,6 +39,15 @@ SHOAL_HD inline void bitmapSet(uint64_t* words, size_t i) { words[i >> 6] |= uin
 SHOAL_HD inline bool bitmapTest(const uint64_t* words, size_t i) { return (words[i >> 6] >> (i & 63)) & 1u; }
 
 // ---- hashing ------------------------------------------------------------------
+// The high 64 bits of a * b: range reduction without division.
+SHOAL_HD inline uint64_t mulhi64(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
 // splitmix64's finaliser: a full-avalanche 64-bit mix.
 SHOAL_HD inline uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -88,7 +97,7 @@ SHOAL_HD inline uint64_t cellOf(uint64_t index, const SketchGeometry& g, int j) 
   const uint64_t block = index >> g.widthLog2, mask = (uint64_t(1) << g.widthLog2) - 1;
   const uint64_t h = mix64(block * 0x9e3779b97f4a7c15ull + mix64(g.seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
   // Row from the high bits (multiply-shift range reduction), rotation from the low bits.
-  const uint64_t row = static_cast<uint64_t>((static_cast<unsigned __int128>(h) * g.rows) >> 64);
+  const uint64_t row = mulhi64(h, g.rows);
   return uint64_t(j) * g.part + (row << g.widthLog2) + (((index & mask) + h) & mask);
 }
 
@@ -133,7 +142,7 @@ struct BloomGeometry {
 // Bit position h (0 <= h < hashes) of coordinate `index` in [0, 64 * words).
 SHOAL_HD inline uint64_t bloomBit(uint64_t index, const BloomGeometry& b, int h) {
   const uint64_t x = mix64(index * 0xd6e8feb86659fd93ull + mix64(b.seed + 0x9e3779b97f4a7c15ull * uint64_t(h + 1)));
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * (b.words * 64)) >> 64);
+  return mulhi64(x, b.words * 64);
 }
 
 SHOAL_HD inline void bloomInsert(uint64_t* words, uint64_t index, const BloomGeometry& b) {
@@ -196,9 +205,16 @@ SHOAL_HD inline bool isFinite(float x) { return (ops::floatBits(x) & 0x7f800000u
 
 // Adds x's limbs (scale 2^-Q, limb width L bits, K limbs) to limbs[k * stride]
 // modulo 2^64. Requires Q <= decompose(x).lowest and K limbs covering x.
-SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, size_t stride) {
+// x's two nonzero limbs: x 2^-Q = lo 2^(k0 L) + hi 2^((k0+1) L) (wrapping
+// two's complement, both of x's sign). k0 = -1 for a zero.
+struct LimbPair {
+  int k0;
+  uint64_t lo, hi;
+};
+
+SHOAL_HD inline LimbPair limbPairOf(float x, int Q, int L) {
   FloatParts p = decompose(x);
-  if (p.mag == 0) return;
+  if (p.mag == 0) return LimbPair{-1, 0, 0};
   int shift = p.lowest - Q;
   int k0 = shift / L, r = shift % L;
   unsigned __int128 w = static_cast<unsigned __int128>(p.mag) << r;
@@ -208,8 +224,14 @@ SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, siz
     lo = 0 - lo;
     hi = 0 - hi;
   }
-  if (k0 < K) limbs[size_t(k0) * stride] += lo;
-  if (k0 + 1 < K) limbs[size_t(k0 + 1) * stride] += hi;
+  return LimbPair{k0, lo, hi};
+}
+
+SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, size_t stride) {
+  const LimbPair l = limbPairOf(x, Q, L);
+  if (l.k0 < 0) return;
+  if (l.k0 < K) limbs[size_t(l.k0) * stride] += l.lo;
+  if (l.k0 + 1 < K) limbs[size_t(l.k0 + 1) * stride] += l.hi;
 }
 
 // ---- exact decoding -----------------------------------------------------------------
@@ -381,5 +403,40 @@ SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
   }
   return roundToFloat128(mag, Q, sticky, negative);
 }
+
+// The K limb sums of one member (limbs[k * stride]) as f32: the exact
+// sum_k S_k 2^(k L + Q) (divided by n for avg), rounded once.
+SHOAL_HD inline float decodeLimbs(const uint64_t* limbs, size_t stride, int K, int L, int Q, int n, bool avg) {
+  if (K == 1) return decodeOneLimb(static_cast<int64_t>(limbs[0]), Q, avg ? n : 1);
+  Big big;
+  bigZero(big);
+  for (int k = 0; k < K; ++k) bigAddShifted(big, static_cast<int64_t>(limbs[size_t(k) * stride]), k * L);
+  bool negative = bigNegative(big);
+  if (negative) bigNegate(big);
+  bool sticky = false;
+  if (avg && n > 1 && bigTop(big) >= 0) {
+    sticky = bigShiftDivide(big, uint64_t(n));
+    Q -= 64;
+  }
+  return roundToFloat(big, Q, sticky, negative);
+}
+
+// ---- Inf and NaN ------------------------------------------------------------------
+// One word per member, ORed across ranks: 1 +Inf, 2 -Inf, 4 NaN.
+SHOAL_HD inline uint64_t specialBits(float x) {
+  uint32_t b = ops::floatBits(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 4;
+  if ((b & 0x7fffffffu) == 0x7f800000u) return (b >> 31) ? 2 : 1;
+  return 0;
+}
+
+// A NaN, or +Inf meeting -Inf, gives NaN; else the infinity.
+SHOAL_HD inline float decodeSpecial(uint64_t bits) {
+  if ((bits & 4) || (bits & 3) == 3) return ops::bitsFloat(0x7fc00000u);
+  return (bits & 1) ? ops::bitsFloat(0x7f800000u) : ops::bitsFloat(0xff800000u);
+}
+
+// Round 0's per-tensor statistics of one value: nonzero (not +-0)?
+SHOAL_HD inline bool isNonzero(float x) { return (ops::floatBits(x) & 0x7fffffffu) != 0; }
 
 }  // namespace shoal::sketch
