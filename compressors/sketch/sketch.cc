@@ -135,6 +135,7 @@ struct OpState {
   std::vector<float> dense;
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
+  void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
 };
 
 const float* inputOf(const shoal_compress_tensor_t& t) { return static_cast<const float*>(t.input.data); }
@@ -200,10 +201,24 @@ void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
 shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
   const Instance& inst = *static_cast<Instance*>(instance);
+  if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
+#if SHOAL_WITH_CUDA
+    void* device = nullptr;
+    if (shoal_status_t status = deviceStart(inst, op, &device); status != SHOAL_OK) return status;
+    auto* state = new OpState;
+    state->device = device;
+    *opState = state;
+    return SHOAL_OK;
+#else
+    writeText(op->error_text, op->error_text_size, "sketch: CUDA tensors need a build with SHOAL_WITH_CUDA");
+    return SHOAL_ERR_UNSUPPORTED;
+#endif
+  }
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_tensor_t& in = op->tensors[t].input;
-    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST) {
-      writeText(op->error_text, op->error_text_size, "sketch: only host f32 tensors (tensor %d is not)", t);
+    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST || op->tensors[t].output.memory != SHOAL_MEMORY_HOST) {
+      writeText(op->error_text, op->error_text_size,
+                "sketch: the tensors of one operation must all be f32 host tensors (tensor %d is not)", t);
       return SHOAL_ERR_INVALID_ARGUMENT;
     }
   }
@@ -471,6 +486,9 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
   Instance& inst = *static_cast<Instance*>(instance);
   OpState& s = *static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (s.device != nullptr) return deviceRound(inst, s.device, op, round);
+#endif
   if (round->index == 0) {
     encodeIndex(s, op, round);
     s.stage = 0;
@@ -532,13 +550,25 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_OK;
 }
 
-void finish(void*, void* opState) { delete static_cast<OpState*>(opState); }
+void finish(void*, void* opState) {
+  auto* s = static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (s->device != nullptr) deviceFinish(s->device);
+#endif
+  delete s;
+}
+
+#if SHOAL_WITH_CUDA
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC;
+#else
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC;
+#endif
 
 const shoal_compressor_t kSketch = {
     SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "sketch",
     "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit fixed-point values "
     "(compact, count sketch with peeling, or dense)",
-    kOptionsHelp, SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC, SHOAL_ERROR_EXACT, 0.0,
+    kOptionsHelp, kCaps, SHOAL_ERROR_EXACT, 0.0,
     1u << SHOAL_F32, create, destroy, start, round, finish, nullptr, nullptr, nullptr,
 };
 

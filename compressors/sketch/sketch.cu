@@ -253,6 +253,8 @@ int launched() { return int(cudaGetLastError()); }
 
 const char* errorText(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
+int useDevice(int device) { return int(cudaSetDevice(device)); }
+
 int allocate(void** pointer, size_t bytes, void* stream) {
   *pointer = nullptr;
   return bytes == 0 ? 0 : int(cudaMallocAsync(pointer, bytes, asStream(stream)));

@@ -17,6 +17,9 @@ namespace shoal::sketch::gpu {
 
 const char* errorText(int error);
 
+// Makes `device` the calling thread's current device.
+int useDevice(int device);
+
 // ---- memory --------------------------------------------------------------------
 int allocate(void** pointer, size_t bytes, void* stream);  // stream-ordered; bytes 0 gives nullptr
 int release(void* pointer, void* stream);

@@ -60,4 +60,15 @@ inline Mode chooseMode(Mode requested, bool sketchAllowed, size_t count, size_t 
   }
 }
 
+#if SHOAL_WITH_CUDA
+// The path for CUDA tensors (sketch_device.cc): the same rounds and payloads
+// as the host path (bitmap/Bloom index, compact/sketch/dense values, leftover
+// round), with payload buffers in device memory on the tensors' device and
+// every kernel on the first tensor's stream. ratio= does not apply there (the
+// sketch is sized after the index).
+shoal_status_t deviceStart(const Instance& inst, shoal_compress_op_t* op, void** state);
+shoal_status_t deviceRound(const Instance& inst, void* state, shoal_compress_op_t* op, shoal_round_t* round);
+void deviceFinish(void* state);
+#endif
+
 }  // namespace shoal::compressors::sketch_impl
