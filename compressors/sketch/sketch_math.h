@@ -78,13 +78,17 @@ struct SketchGeometry {
 };
 
 // A geometry of at least targetPart cells per part. The width is the largest
-// power of two <= 1024 with at least 8 rows (rounding costs < 1/8 of a part);
-// tiny tables get width 1 (plain per-element hashing).
+// power of two <= 1024 with at least 256 rows: rounding up to whole rows costs
+// < 1/256 of a part, and a dense union (where every lane of a block is a
+// member, so rotation cannot separate two blocks that share a row) still has
+// >= 256 * count / part blocks, enough for the block-level hypergraph to peel
+// like a random one. Tables under 512 cells a part get width 1 (per-element
+// hashing). Width 1024 from 256k cells a part (~600k members).
 SHOAL_HD inline SketchGeometry sketchGeometry(uint64_t targetPart, uint64_t seed) {
   SketchGeometry g;
   if (targetPart == 0) targetPart = 1;
   int w = 0;
-  while (w < 10 && (uint64_t(8) << (w + 1)) <= targetPart) ++w;
+  while (w < 10 && (uint64_t(256) << (w + 1)) <= targetPart) ++w;
   g.widthLog2 = w;
   g.rows = (targetPart + (uint64_t(1) << w) - 1) >> w;
   g.part = g.rows << w;
