@@ -104,7 +104,8 @@ constexpr const char* kOptionsHelp =
     "expected_density, smaller when the union is very sparse, its false positives decode to exact zeros); "
     "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001); "
     "ratio=<float in [1.5, 1e6]>: a count sketch of count/ratio cells sized in advance and sent with the index "
-    "(one round when it peels; default off: the sketch is sized after the index)";
+    "(one round when it peels; default off: the sketch is sized after the index); cells=i64|f32: the sketch's "
+    "cells (default i64; f32: 4-byte cells, used only where every partial sum is provably exact, else i64)";
 
 struct TensorPlan {
   size_t count = 0;
@@ -122,6 +123,9 @@ struct TensorPlan {
   std::vector<size_t> leftover;      // positions in U not recovered
   size_t leftoverOffset = 0;
   const uint64_t* leftoverBase = nullptr;  // the leftovers' summed limbs (limb-major, m per limb)
+  // cells=f32 where provably exact: the cells live in the f32 payload (dense) at valueOffset.
+  bool floatCells = false;
+  std::vector<float> floatSums;  // |U| recovered exact sums (leftovers: from limbs)
   std::vector<float> result;         // |U| decoded values
   // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
   bool presized = false, presizedValid = false;
@@ -179,6 +183,13 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
       config.expectedDensity = v;
+    } else if (key == "cells") {
+      if (value == "i64" || value == "f32") config.floatCells = value == "f32";
+      else {
+        writeText(params->error_text, params->error_text_size, "sketch: cells='%s' is not one of i64, f32",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
     } else if (key == "ratio") {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
@@ -359,6 +370,22 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
   return SHOAL_OK;
 }
 
+// Whether f32 cells hold this sketch exactly: every value is a multiple of
+// 2^Q below 2^(T+1) in magnitude, so any partial sum of a cell (up to n
+// ranks x the cell's members, in any order, and what is left of it while
+// peeling) is a multiple of 2^Q below n * maxCount * 2^(T+1) <= 2^(Q+24):
+// representable in f32, so every addition and subtraction is exact. maxCount
+// comes from U (every rank computes the same); Inf/NaN need the i64 path.
+bool floatCellsExact(const TensorPlan& plan, int n) {
+  if (!plan.anyFinite || plan.nonfinite || plan.Q < -149) return false;
+  std::vector<uint32_t> counts(3 * plan.geometry.part, 0);
+  uint32_t maxCount = 0;
+  for (uint64_t i : plan.members)
+    for (int j = 0; j < 3; ++j) maxCount = std::max(maxCount, ++counts[cellOf(i, plan.geometry, j)]);
+  const int bits = ceilLog2(int(std::min<uint64_t>(uint64_t(n) * maxCount, 1u << 30)));
+  return plan.T - plan.Q + 1 + bits <= 24 && plan.T + 1 + bits <= 127;
+}
+
 // After round 0: choose each tensor's values mode and encode its values (and
 // the leftovers of valid pre-sized sketches).
 void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
@@ -393,7 +420,13 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     } else {
       plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)),
                                      mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
-      valueWords += size_t(plan.K) * 3 * plan.geometry.part;
+      plan.floatCells = inst.floatCells && floatCellsExact(plan, n);
+      if (plan.floatCells) {
+        plan.valueOffset = denseCount;
+        denseCount += 3 * plan.geometry.part;
+      } else {
+        valueWords += size_t(plan.K) * 3 * plan.geometry.part;
+      }
     }
   }
   s.values.assign(valueWords, 0);
@@ -423,6 +456,9 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
       }
       if (plan.mode == Mode::Compact) {
         addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
+      } else if (plan.floatCells) {
+        float* cells = s.dense.data() + plan.valueOffset;
+        for (int j = 0; j < 3; ++j) cells[cellOf(i, plan.geometry, j)] += v;  // exact: floatCellsExact
       } else {
         const size_t cells = 3 * plan.geometry.part;
         for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.geometry, j), cells);
@@ -474,8 +510,15 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
       stride = u;
     }
     plan.result.resize(u);
+    std::vector<uint8_t> fromLimbs;
+    if (plan.floatCells) {  // recovered members: their exact f32 sum; leftovers: their limbs
+      fromLimbs.assign(u, 0);
+      for (size_t p : plan.leftover) fromLimbs[p] = 1;
+    }
     for (size_t p = 0; p < u; ++p) {
-      if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
+      if (plan.floatCells && !fromLimbs[p])
+        plan.result[p] = avg ? plan.floatSums[p] / static_cast<float>(n) : plan.floatSums[p];
+      else if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
         plan.result[p] = decodeSpecial(s.specials[plan.specialOffset + p]);
       else
         plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan.K, plan.L, plan.Q, n, avg) : 0.0f;
@@ -520,8 +563,13 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     for (int t = 0; t < op->num_tensors; ++t) {
       TensorPlan& plan = s.plans[t];
       if (plan.mode != Mode::Sketch || plan.presizedValid) continue;
-      if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K, s.values.data() + plan.valueOffset,
-                      plan.limbs, plan.leftover)) {
+      const bool ok = plan.floatCells
+                          ? peelSketch(plan.members.data(), plan.members.size(), plan.geometry, 1,
+                                       s.dense.data() + plan.valueOffset, plan.floatSums, plan.leftover)
+                          : peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
+                                       s.values.data() + plan.valueOffset, plan.limbs, plan.leftover);
+      if (plan.floatCells) plan.limbs.assign(size_t(plan.K) * plan.members.size(), 0);  // the leftovers' limbs
+      if (!ok) {
         writeText(op->error_text, op->error_text_size,
                   "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
         return SHOAL_ERR_INTERNAL;

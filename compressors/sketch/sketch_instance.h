@@ -20,6 +20,7 @@ struct Instance {
   bool bloom = false;
   double expectedDensity = 0.001;
   double ratio = 0;  // > 0: pre-sized sketch in round 0 (host tensors)
+  bool floatCells = false;  // cells=f32: 4-byte cells where provably exact (host tensors)
   // ratio mode: the scale (T, Q) agreed by the last operation, per (tensor position, count). Every
   // rank sees the same operations in the same order, so every rank guesses alike; round 0 checks
   // that they did (guess words) and that the values fit, else falls back losslessly.

@@ -26,18 +26,23 @@ namespace shoal::sketch {
 // share one 32-byte record, so touching a cell costs one cache miss (limbs 1..
 // live apart; K = 1 is usual); a pure cell names its member by the XOR of the
 // indices hashed there (computed from U, like the counts: never sent).
-inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& g, int K, const uint64_t* summed,
-                       std::vector<uint64_t>& limbs, std::vector<size_t>& leftover) {
+//
+// V = uint64_t: fixed-point limbs (wrapping, exact modulo 2^64). V = float
+// (K = 1): f32 cells, exact only when every partial sum is representable
+// (sketch.cc proves it before choosing them).
+template <class V>
+inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& g, int K, const V* summed,
+                       std::vector<V>& limbs, std::vector<size_t>& leftover) {
   const size_t cells = 3 * g.part;
   struct Cell {
-    uint64_t limb0;
+    V limb0;
     uint64_t indexXor;     // XOR of the indices of the cell's members
     uint64_t positionXor;  // XOR of their positions in U
     uint64_t count;        // members of U hashed here
   };
   std::vector<Cell> cell(cells);
   for (size_t c = 0; c < cells; ++c) cell[c] = Cell{summed[c], 0, 0, 0};
-  std::vector<uint64_t> upper(summed + cells, summed + size_t(K) * cells);  // limbs 1..K-1
+  std::vector<V> upper(summed + cells, summed + size_t(K) * cells);  // limbs 1..K-1
   for (size_t p = 0; p < u; ++p) {
     const uint64_t index = members[p];
     for (int j = 0; j < 3; ++j) {
@@ -48,20 +53,22 @@ inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& 
     }
   }
   struct Recovered {
-    uint64_t position, limb0;
+    uint64_t position;
+    V limb0;
   };
-  std::vector<Recovered> log;      // sequential, scattered to limbs afterwards
-  std::vector<uint64_t> logUpper;  // (K - 1) limbs per log entry
+  std::vector<Recovered> log;  // sequential, scattered to limbs afterwards
+  std::vector<V> logUpper;     // (K - 1) limbs per log entry
   log.reserve(u);
   std::vector<uint64_t> queue;
   for (size_t c = 0; c < cells; ++c)
     if (isPure(uint32_t(cell[c].count))) queue.push_back(c);
-  uint64_t mine[16];  // K <= 9: L = 63 - ceil(log2 n) >= 32 for any int world size
+  V mine[16];  // K <= 9: L = 63 - ceil(log2 n) >= 32 for any int world size
   while (!queue.empty()) {
     const uint64_t cc = queue.back();
     queue.pop_back();
     if (!isPure(uint32_t(cell[cc].count))) continue;
-    const uint64_t index = cell[cc].indexXor, position = cell[cc].positionXor, v0 = cell[cc].limb0;
+    const uint64_t index = cell[cc].indexXor, position = cell[cc].positionXor;
+    const V v0 = cell[cc].limb0;
     log.push_back({position, v0});
     for (int k = 1; k < K; ++k) logUpper.push_back(mine[k] = upper[size_t(k - 1) * cells + cc]);
     for (int j = 0; j < 3; ++j) {
@@ -75,7 +82,7 @@ inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& 
       if (isPure(uint32_t(c.count))) queue.push_back(d);
     }
   }
-  limbs.assign(size_t(K) * u, 0);
+  limbs.assign(size_t(K) * u, V(0));
   std::vector<uint8_t> done(u, 0);
   for (size_t e = 0; e < log.size(); ++e) {
     const size_t p = log[e].position;
@@ -88,9 +95,9 @@ inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& 
     if (!done[p]) leftover.push_back(p);
   if (log.size() == u) {
     for (const Cell& c : cell)
-      if (c.count != 0 || c.limb0 != 0) return false;
-    for (uint64_t v : upper)
-      if (v != 0) return false;
+      if (c.count != 0 || c.limb0 != V(0)) return false;
+    for (V v : upper)
+      if (v != V(0)) return false;
   }
   return true;
 }
