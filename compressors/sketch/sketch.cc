@@ -125,7 +125,9 @@ struct TensorPlan {
   const uint64_t* leftoverBase = nullptr;  // the leftovers' summed limbs (limb-major, m per limb)
   // cells=f32 where provably exact: the cells live in the f32 payload (dense) at valueOffset.
   bool floatCells = false;
-  std::vector<float> floatSums;  // |U| recovered exact sums (leftovers: from limbs)
+  std::vector<float> floatSums;
+  // values=compact as f32 (at dense, valueOffset) when f32 sums are exact.
+  bool compactF32 = false;  // |U| recovered exact sums (leftovers: from limbs)
   std::vector<float> result;         // |U| decoded values
   // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
   bool presized = false, presizedValid = false;
@@ -416,7 +418,13 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     }
     plan.valueOffset = valueWords;
     if (plan.mode == Mode::Compact) {
-      valueWords += size_t(plan.K) * u;
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
+      if (plan.compactF32) {
+        plan.valueOffset = denseCount;
+        denseCount += u;
+      } else {
+        valueWords += size_t(plan.K) * u;
+      }
     } else {
       plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)),
                                      mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
@@ -454,7 +462,9 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
         s.specials[plan.specialOffset + p] = specialBits(v);
         continue;
       }
-      if (plan.mode == Mode::Compact) {
+      if (plan.mode == Mode::Compact && plan.compactF32) {
+        s.dense[plan.valueOffset + p] = v;
+      } else if (plan.mode == Mode::Compact) {
         addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
       } else if (plan.floatCells) {
         float* cells = s.dense.data() + plan.valueOffset;
@@ -495,11 +505,10 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
   for (TensorPlan& plan : s.plans) {
     if (plan.mode != Mode::Compact && plan.mode != Mode::Sketch) continue;
     const size_t u = plan.members.size();
-    const uint64_t* limbs;
-    size_t stride;
+    const uint64_t* limbs = nullptr;
+    size_t stride = u;
     if (plan.mode == Mode::Compact) {
-      limbs = s.values.data() + plan.valueOffset;
-      stride = u;
+      if (!plan.compactF32) limbs = s.values.data() + plan.valueOffset;
     } else {
       if (!plan.leftover.empty() && !leftoversArrived) continue;
       const size_t m = plan.leftover.size();
@@ -507,7 +516,6 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
         for (int k = 0; k < plan.K; ++k)
           plan.limbs[size_t(k) * u + plan.leftover[l]] = plan.leftoverBase[size_t(k) * m + l];
       limbs = plan.limbs.data();
-      stride = u;
     }
     plan.result.resize(u);
     std::vector<uint8_t> fromLimbs;
@@ -515,11 +523,12 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
       fromLimbs.assign(u, 0);
       for (size_t p : plan.leftover) fromLimbs[p] = 1;
     }
+    const float* exactSums = plan.compactF32 ? s.dense.data() + plan.valueOffset : plan.floatSums.data();
     for (size_t p = 0; p < u; ++p) {
-      if (plan.floatCells && !fromLimbs[p])
-        plan.result[p] = avg ? plan.floatSums[p] / static_cast<float>(n) : plan.floatSums[p];
-      else if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
+      if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
         plan.result[p] = decodeSpecial(s.specials[plan.specialOffset + p]);
+      else if (plan.compactF32 || (plan.floatCells && !fromLimbs[p]))
+        plan.result[p] = avg ? exactSums[p] / static_cast<float>(n) : exactSums[p];
       else
         plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan.K, plan.L, plan.Q, n, avg) : 0.0f;
     }

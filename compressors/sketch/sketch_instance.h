@@ -42,17 +42,24 @@ inline void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, v
   p.count = count;
 }
 
+// Whether f32 sums of these values are exact in any order: every partial sum
+// of any subset of the n ranks is a multiple of 2^Q below 2^(Q+24) and below
+// 2^127 in magnitude (span = T - Q + 1 bits; meaningful when anyFinite).
+inline bool sumsExactInF32(bool anyFinite, int span, int T, int n) {
+  const int c = ceilLog2(n);
+  return !anyFinite || (span + c <= 24 && T + c + 1 <= 127);
+}
+
 // The values encoding of one tensor once round 0 is known: count elements,
 // u members, K limbs, exponent span and top T (meaningful when anyFinite), n
-// ranks. Dense only when provably exact: every partial sum of any subset of
-// ranks is a multiple of 2^Q below 2^(Q+24) and below 2^127 in magnitude.
+// ranks. Dense only when provably exact; compact sends f32 values (4 bytes a
+// member) when that is exact too, else K limbs of 8 bytes.
 inline Mode chooseMode(Mode requested, bool sketchAllowed, size_t count, size_t u, int K, bool anyFinite,
                        bool nonfinite, int span, int T, int n) {
   if (u == 0) return Mode::None;
-  const int c = ceilLog2(n);
-  const bool denseExact = !anyFinite || (span + c <= 24 && T + c + 1 <= 127);
+  const bool denseExact = sumsExactInF32(anyFinite, span, T, n);
   const double denseBytes = 4.0 * double(count);
-  const double compactBytes = 8.0 * K * double(u) + (nonfinite ? 8.0 * double(u) : 0.0);
+  const double compactBytes = (denseExact ? 4.0 : 8.0 * K) * double(u) + (nonfinite ? 8.0 * double(u) : 0.0);
   switch (requested) {
     case Mode::Auto: return denseExact && denseBytes < compactBytes ? Mode::Dense : Mode::Compact;
     case Mode::Dense: return denseExact ? Mode::Dense : Mode::Compact;

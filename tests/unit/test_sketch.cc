@@ -809,3 +809,33 @@ TEST(SketchFloatCells, LeftoversAndInfStayExact) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SketchCompact, SendsF32ValuesWhenTheirSumsAreExact) {
+  // shoal-bench's values (signed multiples of 2^-12 in (-1, 1): 12 bits) on 4
+  // ranks: f32 sums are exact, so compact sends 4 bytes a member; full 24-bit
+  // significands need 8-byte limbs. Both exact, sum and avg.
+  const size_t count = 100003;
+  const int n = 4;
+  Gen grid = [](int r, size_t i) -> float {
+    if (unit(hash3(31, r, i)) >= 0.01) return 0.0f;
+    return float(int(hash3(32, r, i) % 8191) - 4095) * 0x1p-12f;
+  };
+  Gen wide = sparseGen(hash3(33, 0, 0), n, 0.01, Overlap::Independent, -3, 3);
+  for (bool onGrid : {true, false}) {
+    const Gen& gen = onGrid ? grid : wide;
+    size_t u = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bool any = false;
+      for (int r = 0; r < n; ++r) any = any || gen(r, i) != 0.0f;
+      u += any;
+    }
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      Result r = check(n, count, gen, "values=compact", op, reference(gen, n, count, op), onGrid ? "grid" : "wide");
+      EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + 24 + (onGrid ? 4 : 8) * u) << (onGrid ? "grid" : "wide");
+    }
+  }
+}
+
+}  // namespace
