@@ -122,6 +122,23 @@ __global__ void encodeCompactKernel(const float* x, const uint64_t* members, siz
   }
 }
 
+__global__ void gatherValuesKernel(const float* x, const uint64_t* members, size_t u, float* values) {
+  for (size_t p = threadIndex(); p < u; p += threadCount()) {
+    const float v = x[members[p]];
+    values[p] = isFinite(v) ? v : 0.0f;
+  }
+}
+
+__global__ void scatterValuesKernel(const float* sums, const uint64_t* members, size_t u, const uint64_t* specials,
+                                    float n, bool avg, float* out) {
+  for (size_t p = threadIndex(); p < u; p += threadCount()) {
+    float v;
+    if (specials != nullptr && specials[p] != 0) v = decodeSpecial(specials[p]);
+    else v = avg ? sums[p] / n : sums[p];
+    out[members[p]] = v;
+  }
+}
+
 __global__ void encodeSpecialsKernel(const float* x, const uint64_t* members, size_t u, uint64_t* specials) {
   for (size_t p = threadIndex(); p < u; p += threadCount()) specials[p] = specialBits(x[members[p]]);
 }
@@ -328,6 +345,19 @@ int encodeCompact(const float* x, const uint64_t* members, size_t u, int Q, int 
                   void* stream) {
   if (u == 0) return 0;
   encodeCompactKernel<<<blocksFor(u), kThreads, 0, asStream(stream)>>>(x, members, u, Q, L, K, values);
+  return launched();
+}
+
+int gatherValues(const float* x, const uint64_t* members, size_t u, float* values, void* stream) {
+  if (u == 0) return 0;
+  gatherValuesKernel<<<blocksFor(u), kThreads, 0, asStream(stream)>>>(x, members, u, values);
+  return launched();
+}
+
+int scatterValues(const float* sums, const uint64_t* members, size_t u, const uint64_t* specials, int n, bool avg,
+                  float* out, void* stream) {
+  if (u == 0) return 0;
+  scatterValuesKernel<<<blocksFor(u), kThreads, 0, asStream(stream)>>>(sums, members, u, specials, float(n), avg, out);
   return launched();
 }
 

@@ -48,6 +48,8 @@ int listMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom,
 // values=compact: each member's K limbs at values[k * u + p] (zeroed by the caller); Inf/NaN skipped.
 int encodeCompact(const float* x, const uint64_t* members, size_t u, int Q, int L, int K, uint64_t* values,
                   void* stream);
+// values=compact as f32 (when f32 sums are exact): values[p] = x[members[p]], 0 for Inf/NaN.
+int gatherValues(const float* x, const uint64_t* members, size_t u, float* values, void* stream);
 // One word per member: specialBits (sketch_math.h), for the BOR of Inf/NaN.
 int encodeSpecials(const float* x, const uint64_t* members, size_t u, uint64_t* specials, void* stream);
 // values=sketch: every coordinate in support[0..s) adds its limbs to its three
@@ -78,6 +80,9 @@ int placeLeftovers(const uint64_t* summed, const uint64_t* leftover, size_t m, s
 // left alone: zero out first.
 int decodeMembers(const uint64_t* limbs, size_t stride, const uint64_t* members, size_t u, const uint64_t* specials,
                   int K, int L, int Q, int n, bool avg, float* out, void* stream);
+// out[members[p]] = sums[p] (avg: / n, one IEEE division), or the member's Inf/NaN.
+int scatterValues(const float* sums, const uint64_t* members, size_t u, const uint64_t* specials, int n, bool avg,
+                  float* out, void* stream);
 // values=dense: out = sum (avg: sum / n, one IEEE division).
 int finishDense(const float* sum, size_t count, int n, bool avg, float* out, void* stream);
 

@@ -33,6 +33,7 @@ struct DevicePlan {
   size_t u = 0;
   uint64_t* members = nullptr;  // device, u
   size_t valueOffset = 0, specialOffset = 0;
+  bool compactF32 = false;  // compact values as f32 (in dense) when their sums are exact
   SketchGeometry geometry;
   uint64_t* limbs = nullptr;     // device, K * u (sketch)
   uint64_t* leftover = nullptr;  // device, positions in U not peeled
@@ -112,7 +113,13 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     }
     plan.valueOffset = s.valueWords;
     if (plan.mode == Mode::Compact) {
-      s.valueWords += size_t(plan.K) * plan.u;
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
+      if (plan.compactF32) {
+        plan.valueOffset = s.denseCount;
+        s.denseCount += plan.u;
+      } else {
+        s.valueWords += size_t(plan.K) * plan.u;
+      }
     } else {
       plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(plan.u) / 3.0)),
                                      mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
@@ -135,6 +142,11 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     if (plan.nonfinite &&
         !check(gpu::encodeSpecials(x, plan.members, plan.u, s.specials + plan.specialOffset, s.stream), "specials"))
       return false;
+    if (plan.compactF32) {
+      if (!check(gpu::gatherValues(x, plan.members, plan.u, s.dense + plan.valueOffset, s.stream), "compact f32"))
+        return false;
+      continue;
+    }
     uint64_t* base = s.values + plan.valueOffset;
     if (plan.mode == Mode::Compact) {
       if (!check(gpu::encodeCompact(x, plan.members, plan.u, plan.Q, plan.L, plan.K, base, s.stream), "compact encode"))
@@ -202,6 +214,13 @@ bool writeOutputs(DeviceState& s, shoal_compress_op_t* op, Checker& check) {
     }
     if (!check(gpu::zero(out, plan.count * sizeof(float), s.stream), "zeroing the output")) return false;
     if (plan.mode == Mode::None) continue;
+    const uint64_t* specials = plan.nonfinite ? s.specials + plan.specialOffset : nullptr;
+    if (plan.compactF32) {
+      if (!check(gpu::scatterValues(s.dense + plan.valueOffset, plan.members, plan.u, specials, n, avg, out, s.stream),
+                 "compact f32 output"))
+        return false;
+      continue;
+    }
     const uint64_t* limbs = s.values + plan.valueOffset;
     if (plan.mode == Mode::Sketch) {
       if (!check(gpu::placeLeftovers(s.leftovers + plan.leftoverOffset, plan.leftover, plan.m, plan.u, plan.K,
@@ -210,7 +229,6 @@ bool writeOutputs(DeviceState& s, shoal_compress_op_t* op, Checker& check) {
         return false;
       limbs = plan.limbs;
     }
-    const uint64_t* specials = plan.nonfinite ? s.specials + plan.specialOffset : nullptr;
     if (!check(gpu::decodeMembers(limbs, plan.u, plan.members, plan.u, specials, plan.K, plan.L, plan.Q, n, avg, out,
                                   s.stream),
                "decode"))
