@@ -1,12 +1,16 @@
 // sketch: lossless, homomorphic compression of sparse f32 tensors (DESIGN.md
-// §7.2, after LHC, arXiv 2402.07529), CPU path. Output bits == the exact sum
+// §7.2, after LHC, arXiv 2402.07529), CPU path (CUDA tensors: sketch_device.cc,
+// the same rounds on the device). Output bits == the exact sum
 // over ranks rounded once to f32 (avg: the exact sum / n rounded once), the
 // same bits on every rank and every run.
 //
-// Round 0 (index), two payloads:
+// Round 0 (index), two payloads (three with ratio=):
 //   - the bitmap of this rank's nonzero coordinates (1 bit per coordinate,
 //     u64 words, each tensor starting at a word boundary), SHOAL_BOR: every
 //     rank gets the union U. Nonzero means "not +-0": Inf and NaN are members.
+//     index=bloom: a Bloom filter instead (sketch_peel.h sizes it from
+//     expected_density and the count, so every rank agrees without a round
+//     trip); U is then a superset whose extra members sum to exactly 0.
 //   - 3 u64 words per tensor, SHOAL_MAX: [top + 200, 200 - lowest, nonfinite]
 //     where top is the highest bit position (2^top <= |x|) and lowest the
 //     lowest set bit position of this rank's finite nonzero values (0 when it
@@ -32,11 +36,15 @@
 // treated as +0: the exact sum -0 + -0 = -0 comes back as +0).
 //
 // Round 1 (values), per tensor, by the mode picked after round 0:
-//   compact: K words per member of U, in U's order (limb-major), SHOAL_SUM.
-//   sketch:  a count sketch: 3 * part cells, part = ceil(cells_per_item * |U| / 3),
-//            K words per cell (limb-major); element i adds its limbs to cells
-//            cellOf(i, seed, j), j = 0, 1, 2 (sketch_math.h), seed = mix of
-//            (step, tensor); summed with SHOAL_SUM. Decoding peels: each rank
+//   compact: K words per member of U, in U's order (limb-major), SHOAL_SUM;
+//            or, when f32 sums are exact (the dense rule below), the f32
+//            values at U in the f32 payload.
+//   sketch:  a count sketch: 3 * part cells, part >= ceil(cells_per_item * |U| / 3)
+//            (lane-rotated blocks, sketchGeometry), K words per cell
+//            (limb-major); element i adds its limbs to cells cellOf(i, g, j),
+//            j = 0, 1, 2 (sketch_math.h), seed = mix of (step, tensor); summed
+//            with SHOAL_SUM. cells=f32: f32 cells in the f32 payload when every
+//            partial sum of a cell is provably exact (floatCellsExact). Decoding peels: each rank
 //            computes, from U alone, every cell's count of members and the XOR
 //            of their indices (never sent); a cell of count 1 holds exactly one
 //            member's sum: take it, subtract it from that member's other two
@@ -54,18 +62,22 @@
 //            addition is exact whatever the algorithm. avg divides the exact
 //            f32 sum by n once (IEEE division: rounded once).
 // values=auto (default) picks per tensor, from the bytes of round 1:
-//   dense 4 count (when exact) vs compact 8 K |U| (+ 8 |U| with Inf/NaN);
-//   the sketch costs 8 K ceil(cells_per_item |U|) >= compact (cells_per_item
-//   >= 1.1), so once U is known compact always beats it: auto never picks it
-//   (its use is a sketch sized in advance, sharing round 0, not done here).
+//   dense 4 count (when exact) vs compact 4 |U| (f32-exact) or 8 K |U|
+//   (+ 8 |U| with Inf/NaN); the sketch costs >= cells_per_item (>= 1.1) times
+//   compact, so once U is known compact always beats it: auto never picks it.
+// ratio=R (host tensors): a sketch of count / R one-limb cells sized in
+//   advance travels in round 0 (SHOAL_SUM) at a scale guessed from the last
+//   agreed one (Instance::lastScale); two more stats words check that every
+//   rank guessed alike. If they did and every value fit, it is peeled after
+//   round 0 and only leftovers (if any) travel in round 1; else the tensor
+//   takes the values round as above. Lossless either way.
 // values=dense when not exact falls back to compact; values=sketch with
 // |U| = 0 sends nothing. Tensors with |U| = 0 need no values round.
 //
-// Options: values=auto|compact|sketch|dense, cells_per_item=<float in [1.1, 64]>
-// (default 1.3). dtypes: f32 only (f64 would need the same rule with 53-bit
-// significands and up to 2^11 exponents: more limbs; not done). Host memory.
-// Stateless; several tensors of one call share the payloads (each with its
-// own scale, mode and seed).
+// Options: kOptionsHelp. dtypes: f32 only (f64 would need the same rule with
+// 53-bit significands and up to 2^11 exponents: more limbs; not done). Host
+// and CUDA memory. Stateless except ratio='s scale history; several tensors
+// of one call share the payloads (each with its own scale, mode and seed).
 //
 // CPU cost (measured, 2 ranks as threads on a loaded 2-core machine, 2^22
 // elements, K = 1): compact 7-25 ms at 0.1-10% density (decode has a 128-bit
