@@ -438,7 +438,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
         valueWords += size_t(plan.K) * u;
       }
     } else {
-      plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)),
+      plan.geometry = sketchGeometry(afterIndexPart(inst.cellsPerItem, u),
                                      mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
       plan.floatCells = inst.floatCells && floatCellsExact(plan, n);
       if (plan.floatCells) {

@@ -121,7 +121,7 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
         s.valueWords += size_t(plan.K) * plan.u;
       }
     } else {
-      plan.geometry = sketchGeometry(uint64_t(std::ceil(inst.cellsPerItem * double(plan.u) / 3.0)),
+      plan.geometry = sketchGeometry(afterIndexPart(inst.cellsPerItem, plan.u),
                                      mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
       s.valueWords += size_t(plan.K) * 3 * plan.geometry.part;
     }
