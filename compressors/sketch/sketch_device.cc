@@ -42,6 +42,7 @@ struct DevicePlan {
 
 struct DeviceState {
   void* stream = nullptr;
+  int device = 0;
   std::vector<DevicePlan> plans;
   uint64_t *index = nullptr, *stats = nullptr, *values = nullptr, *specials = nullptr, *leftovers = nullptr;
   float* dense = nullptr;
@@ -253,6 +254,7 @@ shoal_status_t deviceStart(const Instance& inst, shoal_compress_op_t* op, void**
   }
   auto* s = new DeviceState;
   s->stream = first.stream;
+  s->device = first.device;
   Checker check{op};
   auto failed = [&] {
     deviceFinish(s);  // finish() is not called when start() fails
@@ -280,6 +282,8 @@ shoal_status_t deviceStart(const Instance& inst, shoal_compress_op_t* op, void**
 shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
   DeviceState& s = *static_cast<DeviceState*>(opState);
   Checker check{op};
+  // The driver may have made another device current between rounds.
+  if (!check(gpu::useDevice(s.device), "selecting the device")) return SHOAL_ERR_SYSTEM;
   if (round->index == 0) {
     for (int t = 0; t < op->num_tensors; ++t) {
       const DevicePlan& plan = s.plans[t];
@@ -320,6 +324,7 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
 
 void deviceFinish(void* opState) {
   auto* s = static_cast<DeviceState*>(opState);
+  gpu::useDevice(s->device);
   for (void* p : s->owned) gpu::release(p, s->stream);
   delete s;
 }
