@@ -13,7 +13,8 @@
 // The kernels are the per-element functions of sketch_math.h (bitmapSet,
 // decompose, addLimbs, cellOf, decodeOneLimb) in the loops of sketch.cc, which
 // keeps them in an anonymous namespace: the loops below mirror encodeIndex,
-// encodeValues, peel, decodeKnown/writeOutputs line by line (peel is a copy).
+// encodeValues, decodeKnown/writeOutputs line by line; the peel is sketch.cc's
+// own (peelSketch, sketch_peel.h).
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
 // path, all rounds' CPU work, without the collectives.
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "compressors/sketch/sketch_math.h"
+#include "compressors/sketch/sketch_peel.h"
 
 namespace shoal::compressors {
 const shoal_compressor_t* sketch();
@@ -149,94 +151,43 @@ void BM_EncodeCompact(benchmark::State& state) {
   setRate(state, u);
 }
 
-size_t sketchPart(size_t u) { return std::max<size_t>(1, size_t(std::ceil(1.3 * double(u) / 3.0))); }
-constexpr uint64_t kSeed = 0x1234567887654321ull;
+SketchGeometry sketchShape(size_t u) {
+  return sketchGeometry(std::max<uint64_t>(1, uint64_t(std::ceil(1.3 * double(u) / 3.0))), 0x1234567887654321ull);
+}
 
-void scatter(const Data& d, size_t part, std::vector<uint64_t>& values) {
-  const size_t cells = 3 * part;
+void scatter(const Data& d, const SketchGeometry& g, std::vector<uint64_t>& values) {
+  const size_t cells = 3 * g.part;
   values.assign(size_t(d.K) * cells, 0);
   for (size_t p = 0; p < d.members.size(); ++p) {
     const uint64_t i = d.members[p];
-    for (int j = 0; j < 3; ++j) addLimbs(d.x[i], d.Q, d.L, d.K, values.data() + cellOf(i, kSeed, j, part), cells);
+    for (int j = 0; j < 3; ++j) addLimbs(d.x[i], d.Q, d.L, d.K, values.data() + cellOf(i, g, j), cells);
   }
 }
 
 // values=sketch: each member's limbs added to its 3 cells (cells_per_item 1.3).
 void BM_SketchScatter(benchmark::State& state) {
   const Data& d = data(int(state.range(0)));
-  const size_t part = sketchPart(d.members.size());
+  const SketchGeometry g = sketchShape(d.members.size());
   std::vector<uint64_t> values;
   for (auto _ : state) {
-    scatter(d, part, values);
+    scatter(d, g, values);
     benchmark::DoNotOptimize(values.data());
   }
   setRate(state, d.members.size());
 }
 
 // ---- decode -------------------------------------------------------------------------------
-// A copy of sketch.cc's peel(): counts/XORs from U, then peel cells of count 1.
-size_t peel(const std::vector<uint64_t>& members, uint64_t part, int K, const uint64_t* summed,
-            std::vector<uint64_t>& limbsOut) {
-  const size_t u = members.size(), cells = 3 * part;
-  struct Cell {
-    uint64_t limb0, indexXor, positionXor, count;
-  };
-  std::vector<Cell> cell(cells);
-  for (size_t cc = 0; cc < cells; ++cc) cell[cc] = Cell{summed[cc], 0, 0, 0};
-  std::vector<uint64_t> upper(summed + cells, summed + size_t(K) * cells);
-  for (size_t p = 0; p < u; ++p) {
-    const uint64_t index = members[p];
-    for (int j = 0; j < 3; ++j) {
-      Cell& c = cell[cellOf(index, kSeed, j, part)];
-      ++c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= p;
-    }
-  }
-  struct Recovered {
-    uint64_t position, limb0;
-  };
-  std::vector<Recovered> log;
-  std::vector<uint64_t> logUpper;
-  log.reserve(u);
-  std::vector<uint64_t> queue;
-  for (size_t cc = 0; cc < cells; ++cc)
-    if (cell[cc].count == 1) queue.push_back(cc);
-  uint64_t mine[16];
-  while (!queue.empty()) {
-    const uint64_t cc = queue.back();
-    queue.pop_back();
-    if (cell[cc].count != 1) continue;
-    const uint64_t index = cell[cc].indexXor, v0 = cell[cc].limb0;
-    log.push_back({cell[cc].positionXor, v0});
-    for (int k = 1; k < K; ++k) logUpper.push_back(mine[k] = upper[size_t(k - 1) * cells + cc]);
-    for (int j = 0; j < 3; ++j) {
-      const uint64_t dd = cellOf(index, kSeed, j, part);
-      Cell& c = cell[dd];
-      c.limb0 -= v0;
-      for (int k = 1; k < K; ++k) upper[size_t(k - 1) * cells + dd] -= mine[k];
-      --c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= log.back().position;
-      if (c.count == 1) queue.push_back(dd);
-    }
-  }
-  limbsOut.assign(size_t(K) * u, 0);
-  for (size_t e = 0; e < log.size(); ++e) {
-    limbsOut[log[e].position] = log[e].limb0;
-    for (int k = 1; k < K; ++k) limbsOut[size_t(k) * u + log[e].position] = logUpper[e * size_t(K - 1) + size_t(k - 1)];
-  }
-  return log.size();
-}
-
 void BM_PeelDecode(benchmark::State& state) {
   const Data& d = data(int(state.range(0)));
-  const size_t part = sketchPart(d.members.size());
+  const SketchGeometry g = sketchShape(d.members.size());
   std::vector<uint64_t> summed, limbs;
-  scatter(d, part, summed);
+  std::vector<size_t> leftover;
+  scatter(d, g, summed);
   size_t recovered = 0;
   for (auto _ : state) {
-    recovered = peel(d.members, part, d.K, summed.data(), limbs);
+    if (!peelSketch(d.members.data(), d.members.size(), g, d.K, summed.data(), limbs, leftover))
+      state.SkipWithError("peeling certificate failed");
+    recovered = d.members.size() - leftover.size();
     benchmark::DoNotOptimize(limbs.data());
   }
   setRate(state, d.members.size());

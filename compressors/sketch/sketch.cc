@@ -1,12 +1,16 @@
 // sketch: lossless, homomorphic compression of sparse f32 tensors (DESIGN.md
-// §7.2, after LHC, arXiv 2402.07529), CPU path. Output bits == the exact sum
+// §7.2, after LHC, arXiv 2402.07529), CPU path (CUDA tensors: sketch_device.cc,
+// the same rounds on the device). Output bits == the exact sum
 // over ranks rounded once to f32 (avg: the exact sum / n rounded once), the
 // same bits on every rank and every run.
 //
-// Round 0 (index), two payloads:
+// Round 0 (index), two payloads (three with ratio=):
 //   - the bitmap of this rank's nonzero coordinates (1 bit per coordinate,
 //     u64 words, each tensor starting at a word boundary), SHOAL_BOR: every
 //     rank gets the union U. Nonzero means "not +-0": Inf and NaN are members.
+//     index=bloom: a Bloom filter instead (sketch_peel.h sizes it from
+//     expected_density and the count, so every rank agrees without a round
+//     trip); U is then a superset whose extra members sum to exactly 0.
 //   - 3 u64 words per tensor, SHOAL_MAX: [top + 200, 200 - lowest, nonfinite]
 //     where top is the highest bit position (2^top <= |x|) and lowest the
 //     lowest set bit position of this rank's finite nonzero values (0 when it
@@ -32,11 +36,15 @@
 // treated as +0: the exact sum -0 + -0 = -0 comes back as +0).
 //
 // Round 1 (values), per tensor, by the mode picked after round 0:
-//   compact: K words per member of U, in U's order (limb-major), SHOAL_SUM.
-//   sketch:  a count sketch: 3 * part cells, part = ceil(cells_per_item * |U| / 3),
-//            K words per cell (limb-major); element i adds its limbs to cells
-//            cellOf(i, seed, j), j = 0, 1, 2 (sketch_math.h), seed = mix of
-//            (step, tensor); summed with SHOAL_SUM. Decoding peels: each rank
+//   compact: K words per member of U, in U's order (limb-major), SHOAL_SUM;
+//            or, when f32 sums are exact (the dense rule below), the f32
+//            values at U in the f32 payload.
+//   sketch:  a count sketch: 3 * part cells, part >= ceil(cells_per_item * |U| / 3)
+//            (lane-rotated blocks, sketchGeometry), K words per cell
+//            (limb-major); element i adds its limbs to cells cellOf(i, g, j),
+//            j = 0, 1, 2 (sketch_math.h), seed = mix of (step, tensor); summed
+//            with SHOAL_SUM. cells=f32: f32 cells in the f32 payload when every
+//            partial sum of a cell is provably exact (floatCellsExact). Decoding peels: each rank
 //            computes, from U alone, every cell's count of members and the XOR
 //            of their indices (never sent); a cell of count 1 holds exactly one
 //            member's sum: take it, subtract it from that member's other two
@@ -54,18 +62,22 @@
 //            addition is exact whatever the algorithm. avg divides the exact
 //            f32 sum by n once (IEEE division: rounded once).
 // values=auto (default) picks per tensor, from the bytes of round 1:
-//   dense 4 count (when exact) vs compact 8 K |U| (+ 8 |U| with Inf/NaN);
-//   the sketch costs 8 K ceil(cells_per_item |U|) >= compact (cells_per_item
-//   >= 1.1), so once U is known compact always beats it: auto never picks it
-//   (its use is a sketch sized in advance, sharing round 0, not done here).
+//   dense 4 count (when exact) vs compact 4 |U| (f32-exact) or 8 K |U|
+//   (+ 8 |U| with Inf/NaN); the sketch costs >= cells_per_item (>= 1.1) times
+//   compact, so once U is known compact always beats it: auto never picks it.
+// ratio=R (host tensors): a sketch of count / R one-limb cells sized in
+//   advance travels in round 0 (SHOAL_SUM) at a scale guessed from the last
+//   agreed one (Instance::lastScale); two more stats words check that every
+//   rank guessed alike. If they did and every value fit, it is peeled after
+//   round 0 and only leftovers (if any) travel in round 1; else the tensor
+//   takes the values round as above. Lossless either way.
 // values=dense when not exact falls back to compact; values=sketch with
 // |U| = 0 sends nothing. Tensors with |U| = 0 need no values round.
 //
-// Options: values=auto|compact|sketch|dense, cells_per_item=<float in [1.1, 64]>
-// (default 1.3). dtypes: f32 only (f64 would need the same rule with 53-bit
-// significands and up to 2^11 exponents: more limbs; not done). Host memory.
-// Stateless; several tensors of one call share the payloads (each with its
-// own scale, mode and seed).
+// Options: kOptionsHelp. dtypes: f32 only (f64 would need the same rule with
+// 53-bit significands and up to 2^11 exponents: more limbs; not done). Host
+// and CUDA memory. Stateless except ratio='s scale history; several tensors
+// of one call share the payloads (each with its own scale, mode and seed).
 //
 // CPU cost (measured, 2 ranks as threads on a loaded 2-core machine, 2^22
 // elements, K = 1): compact 7-25 ms at 0.1-10% density (decode has a 128-bit
@@ -79,11 +91,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compressors/common/text.h"
+#include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
+#include "compressors/sketch/sketch_peel.h"
 #include "plugin/driver.h"
 #include "shoal/compressor.h"
 
@@ -91,22 +107,22 @@ namespace shoal::compressors {
 namespace {
 
 using namespace shoal::sketch;
+using namespace shoal::compressors::sketch_impl;
 
 constexpr const char* kOptionsHelp =
     "values=auto|compact|sketch|dense: how the values at the union of supports travel (default auto: dense f32 "
     "when exact and smaller, else compact); cells_per_item=<float in [1.1, 64]>: sketch cells per union member "
-    "(default 1.3)";
-
-enum class Mode { Auto, Compact, Sketch, Dense, None };
-
-struct Instance {
-  Mode mode = Mode::Auto;
-  double cellsPerItem = 1.3;
-};
+    "(default 1.3); index=bitmap|bloom: the union's index (default bitmap; bloom: a Bloom filter sized for "
+    "expected_density, smaller when the union is very sparse, its false positives decode to exact zeros); "
+    "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001); "
+    "ratio=<float in [1.5, 1e6]>: a count sketch of count/ratio cells sized in advance and sent with the index "
+    "(one round when it peels; default off: the sketch is sized after the index); cells=i64|f32: the sketch's "
+    "cells (default i64; f32: 4-byte cells, used only where every partial sum is provably exact, else i64)";
 
 struct TensorPlan {
   size_t count = 0;
-  size_t wordOffset = 0, words = 0;  // bitmap
+  size_t wordOffset = 0, words = 0;  // index: bitmap, or Bloom filter when bloom.words > 0
+  BloomGeometry bloom;
   bool anyFinite = false, nonfinite = false;
   int Q = 0, T = 0, L = 63, K = 0;
   Mode mode = Mode::None;
@@ -114,27 +130,33 @@ struct TensorPlan {
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
   size_t specialOffset = 0;       // in specials
   // sketch
-  uint64_t part = 0, seed = 0;
+  SketchGeometry geometry;
   std::vector<uint64_t> limbs;       // |U| * K recovered limb sums (limb-major: k * |U| + u)
   std::vector<size_t> leftover;      // positions in U not recovered
   size_t leftoverOffset = 0;
+  const uint64_t* leftoverBase = nullptr;  // the leftovers' summed limbs (limb-major, m per limb)
+  // cells=f32 where provably exact: the cells live in the f32 payload (dense) at valueOffset.
+  bool floatCells = false;
+  std::vector<float> floatSums;
+  // values=compact as f32 (at dense, valueOffset) when f32 sums are exact.
+  bool compactF32 = false;  // |U| recovered exact sums (leftovers: from limbs)
   std::vector<float> result;         // |U| decoded values
+  // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
+  bool presized = false, presizedValid = false;
+  int Tg = 0, Qg = 0, Kg = 0;
+  size_t presizedOffset = 0;
 };
 
 struct OpState {
   std::vector<TensorPlan> plans;
-  std::vector<uint64_t> bitmap, stats, values, specials, leftovers;
+  std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
   std::vector<float> dense;
+  size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
+  void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
 };
 
 const float* inputOf(const shoal_compress_tensor_t& t) { return static_cast<const float*>(t.input.data); }
-
-int ceilLog2(int n) {
-  int c = 0;
-  while ((1 << c) < n) ++c;
-  return c;
-}
 
 shoal_status_t create(const shoal_compressor_params_t* params, void** instance) {
   Instance config;
@@ -159,6 +181,38 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
       config.cellsPerItem = v;
+    } else if (key == "index") {
+      if (value == "bitmap" || value == "bloom") config.bloom = value == "bloom";
+      else {
+        writeText(params->error_text, params->error_text_size, "sketch: index='%s' is not one of bitmap, bloom",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+    } else if (key == "expected_density") {
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || end == nullptr || *end != '\0' || !(v > 0.0 && v < 1.0)) {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: expected_density='%s' is not a number in (0, 1)", value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+      config.expectedDensity = v;
+    } else if (key == "cells") {
+      if (value == "i64" || value == "f32") config.floatCells = value == "f32";
+      else {
+        writeText(params->error_text, params->error_text_size, "sketch: cells='%s' is not one of i64, f32",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+    } else if (key == "ratio") {
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || end == nullptr || *end != '\0' || !(v >= 1.5 && v <= 1e6)) {
+        writeText(params->error_text, params->error_text_size, "sketch: ratio='%s' is not a number in [1.5, 1e6]",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+      config.ratio = v;
     } else {
       writeText(params->error_text, params->error_text_size, "sketch: unknown option '%s'", key.c_str());
       return SHOAL_ERR_INVALID_ARGUMENT;
@@ -170,11 +224,26 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
 
 void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
-shoal_status_t start(void*, shoal_compress_op_t* op, void** opState) {
+shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
+  const Instance& inst = *static_cast<Instance*>(instance);
+  if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
+#if SHOAL_WITH_CUDA
+    void* device = nullptr;
+    if (shoal_status_t status = deviceStart(inst, op, &device); status != SHOAL_OK) return status;
+    auto* state = new OpState;
+    state->device = device;
+    *opState = state;
+    return SHOAL_OK;
+#else
+    writeText(op->error_text, op->error_text_size, "sketch: CUDA tensors need a build with SHOAL_WITH_CUDA");
+    return SHOAL_ERR_UNSUPPORTED;
+#endif
+  }
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_tensor_t& in = op->tensors[t].input;
-    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST) {
-      writeText(op->error_text, op->error_text_size, "sketch: only host f32 tensors (tensor %d is not)", t);
+    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST || op->tensors[t].output.memory != SHOAL_MEMORY_HOST) {
+      writeText(op->error_text, op->error_text_size,
+                "sketch: the tensors of one operation must all be f32 host tensors (tensor %d is not)", t);
       return SHOAL_ERR_INVALID_ARGUMENT;
     }
   }
@@ -185,25 +254,43 @@ shoal_status_t start(void*, shoal_compress_op_t* op, void** opState) {
     TensorPlan& plan = state->plans[t];
     plan.count = plugin::elementsCount(op->tensors[t].input);
     plan.wordOffset = words;
-    plan.words = (plan.count + 63) / 64;
+    // The index's kind and size follow from the options and the shape alone: agreed without a round trip.
+    if (inst.bloom) plan.bloom = bloomGeometry(plan.count, inst.expectedDensity, mix64(op->step * 0xa0761d6478bd642full + uint64_t(t)));
+    plan.words = plan.bloom.words > 0 ? plan.bloom.words : (plan.count + 63) / 64;
     words += plan.words;
   }
   state->bitmap.assign(words, 0);
-  state->stats.assign(3 * size_t(op->num_tensors), 0);
+  if (inst.ratio > 0) {
+    state->statsStride = 5;
+    const int L = 63 - ceilLog2(op->world_size);
+    size_t cells = 0;
+    for (int t = 0; t < op->num_tensors; ++t) {
+      TensorPlan& plan = state->plans[t];
+      if (plan.count == 0) continue;
+      plan.presized = true;
+      // One limb per cell, so the payload's size follows from the options and the shape alone (ranks
+      // whose histories differ still send equal sizes; the guess words catch the difference). The
+      // window is L bits below 2^(Tg+1): the last agreed top + 2, or without history 2^8 (values in
+      // (-512, 512) down to 2^(9 - L), about 2^-51: typical gradients).
+      auto last = inst.lastScale.find({t, plan.count});
+      plan.Tg = last == inst.lastScale.end() ? 8 : std::min(127, last->second.first + 2);
+      plan.Kg = 1;
+      plan.Qg = plan.Tg + 1 - L;
+      plan.geometry = sketchGeometry(uint64_t(std::ceil(double(plan.count) / inst.ratio / 3.0)),
+                                     mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 0x51));
+      plan.presizedOffset = cells;
+      cells += size_t(plan.Kg) * 3 * plan.geometry.part;
+    }
+    state->presized.assign(cells, 0);
+  }
+  state->stats.assign(state->statsStride * size_t(op->num_tensors), 0);
   *opState = state;
   return SHOAL_OK;
 }
 
-void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, void* buffer, size_t count) {
-  p = shoal_payload_t{};
-  p.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  p.dtype = dtype;
-  p.op = op;
-  p.buffer = buffer;
-  p.count = count;
-}
+uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
 
-// Round 0: local bitmap and exponent statistics.
+// Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
 void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
@@ -213,7 +300,8 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
     bool nonfinite = false, any = false;
     for (size_t i = 0; i < plan.count; ++i) {
       if ((ops::floatBits(x[i]) & 0x7fffffffu) == 0) continue;
-      bitmapSet(bits, i);
+      if (plan.bloom.words > 0) bloomInsert(bits, i, plan.bloom);
+      else bitmapSet(bits, i);
       if (!isFinite(x[i])) {
         nonfinite = true;
         continue;
@@ -223,30 +311,51 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
       top = std::max(top, p.top);
       lowest = std::min(lowest, p.lowest);
     }
-    uint64_t* w = s.stats.data() + 3 * size_t(t);
+    uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     w[0] = any ? uint64_t(top + 200) : 0;
     w[1] = any ? uint64_t(200 - lowest) : 0;
     w[2] = nonfinite ? 1 : 0;
+    if (!plan.presized) continue;
+    // After MAX, w[3] = the largest guess and ~w[4] the smallest: equal iff every rank guessed alike.
+    w[3] = scaleCode(plan);
+    w[4] = ~scaleCode(plan);
+    // Values outside the guessed scale stay out: the stats reveal them and the tensor falls back.
+    uint64_t* cells = s.presized.data() + plan.presizedOffset;
+    const size_t stride = 3 * plan.geometry.part;
+    const int L = 63 - ceilLog2(op->world_size);
+    for (size_t i = 0; i < plan.count; ++i) {
+      if ((ops::floatBits(x[i]) & 0x7fffffffu) == 0 || !isFinite(x[i])) continue;
+      FloatParts p = decompose(x[i]);
+      if (p.lowest < plan.Qg || p.top > plan.Tg) continue;
+      for (int j = 0; j < 3; ++j) addLimbs(x[i], plan.Qg, L, plan.Kg, cells + cellOf(i, plan.geometry, j), stride);
+    }
   }
   round->num_payloads = 2;
   setPayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
   setPayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
+  if (!s.presized.empty()) {
+    round->num_payloads = 3;
+    setPayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+  }
 }
 
-uint64_t specialBits(float x) {
-  uint32_t b = ops::floatBits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return 4;
-  if ((b & 0x7fffffffu) == 0x7f800000u) return (b >> 31) ? 2 : 1;
-  return 0;
+// The K limbs of each leftover member (limb-major, m per limb), summed next.
+void encodeLeftovers(TensorPlan& plan, const float* x, uint64_t* base) {
+  const size_t m = plan.leftover.size();
+  plan.leftoverBase = base + plan.leftoverOffset;
+  for (size_t l = 0; l < m; ++l) {
+    float v = x[plan.members[plan.leftover[l]]];
+    if (isFinite(v)) addLimbs(v, plan.Q, plan.L, plan.K, base + plan.leftoverOffset + l, m);
+  }
 }
 
-// After round 0: plan each tensor and encode its values.
-void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
-  const int n = op->world_size, c = ceilLog2(n);
-  size_t valueWords = 0, denseCount = 0, specialWords = 0;
+// After round 0: the union, the agreed scale, and in ratio mode whether the
+// pre-sized sketch holds every value (then it is peeled now).
+shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
+  const int c = ceilLog2(op->world_size);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
-    const uint64_t* w = s.stats.data() + 3 * size_t(t);
+    const uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     plan.anyFinite = w[0] != 0;
     plan.nonfinite = w[2] != 0;
     plan.T = int(w[0]) - 200;
@@ -254,24 +363,62 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     plan.L = 63 - c;
     plan.K = plan.anyFinite ? (plan.T - plan.Q + 1 + plan.L - 1) / plan.L : 0;
     const uint64_t* bits = s.bitmap.data() + plan.wordOffset;
-    for (size_t k = 0; k < plan.words; ++k)
-      for (uint64_t word = bits[k]; word; word &= word - 1)
-        plan.members.push_back(k * 64 + __builtin_ctzll(word));
+    if (plan.bloom.words > 0) bloomMembers(bits, plan.count, plan.bloom, plan.members);
+    else bitmapMembers(bits, plan.count, plan.members);
+    if (!plan.presized) continue;
+    if (plan.anyFinite) inst.lastScale[{t, plan.count}] = {plan.T, plan.Q};
+    const bool agreed = w[4] == ~w[3];
+    plan.presizedValid = agreed && !plan.nonfinite && !plan.members.empty() && plan.T <= plan.Tg &&
+                         plan.Q >= plan.Qg;
+    if (!plan.presizedValid) continue;
+    plan.mode = Mode::Sketch;
+    plan.Q = plan.Qg;
+    plan.K = plan.Kg;
+    if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
+                    s.presized.data() + plan.presizedOffset, plan.limbs, plan.leftover)) {
+      writeText(op->error_text, op->error_text_size,
+                "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
+      return SHOAL_ERR_INTERNAL;
+    }
+  }
+  return SHOAL_OK;
+}
+
+// Whether f32 cells hold this sketch exactly: every value is a multiple of
+// 2^Q below 2^(T+1) in magnitude, so any partial sum of a cell (up to n
+// ranks x the cell's members, in any order, and what is left of it while
+// peeling) is a multiple of 2^Q below n * maxCount * 2^(T+1) <= 2^(Q+24):
+// representable in f32, so every addition and subtraction is exact. maxCount
+// comes from U (every rank computes the same); Inf/NaN need the i64 path.
+bool floatCellsExact(const TensorPlan& plan, int n) {
+  if (!plan.anyFinite || plan.nonfinite || plan.Q < -149) return false;
+  std::vector<uint32_t> counts(3 * plan.geometry.part, 0);
+  uint32_t maxCount = 0;
+  for (uint64_t i : plan.members)
+    for (int j = 0; j < 3; ++j) maxCount = std::max(maxCount, ++counts[cellOf(i, plan.geometry, j)]);
+  const int bits = ceilLog2(int(std::min<uint64_t>(uint64_t(n) * maxCount, 1u << 30)));
+  return plan.T - plan.Q + 1 + bits <= 24 && plan.T + 1 + bits <= 127;
+}
+
+// After round 0: choose each tensor's values mode and encode its values (and
+// the leftovers of valid pre-sized sketches).
+void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
+  const int n = op->world_size;
+  size_t valueWords = 0, denseCount = 0, specialWords = 0, presizedLeftoverWords = 0;
+  for (int t = 0; t < op->num_tensors; ++t) {
+    TensorPlan& plan = s.plans[t];
     const size_t u = plan.members.size();
+    if (plan.presizedValid) {
+      plan.leftoverOffset = presizedLeftoverWords;
+      presizedLeftoverWords += size_t(plan.K) * plan.leftover.size();
+      continue;
+    }
     if (u == 0) {
       plan.mode = Mode::None;
       continue;
     }
-    const int span = plan.T - plan.Q + 1;
-    const bool denseExact = !plan.anyFinite || (span + c <= 24 && plan.T + c + 1 <= 127);
-    const double denseBytes = 4.0 * double(plan.count);
-    const double compactBytes = 8.0 * plan.K * double(u) + (plan.nonfinite ? 8.0 * double(u) : 0.0);
-    switch (inst.mode) {
-      case Mode::Auto: plan.mode = denseExact && denseBytes < compactBytes ? Mode::Dense : Mode::Compact; break;
-      case Mode::Dense: plan.mode = denseExact ? Mode::Dense : Mode::Compact; break;
-      case Mode::Sketch: plan.mode = plan.K > 0 ? Mode::Sketch : Mode::Compact; break;
-      default: plan.mode = Mode::Compact; break;
-    }
+    plan.mode = chooseMode(inst.mode, inst.ratio == 0, plan.count, u, plan.K, plan.anyFinite, plan.nonfinite,
+                           plan.T - plan.Q + 1, plan.T, n);
     if (plan.mode == Mode::Dense) {
       plan.valueOffset = denseCount;
       denseCount += plan.count;
@@ -283,20 +430,37 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     }
     plan.valueOffset = valueWords;
     if (plan.mode == Mode::Compact) {
-      valueWords += size_t(plan.K) * u;
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
+      if (plan.compactF32) {
+        plan.valueOffset = denseCount;
+        denseCount += u;
+      } else {
+        valueWords += size_t(plan.K) * u;
+      }
     } else {
-      plan.part = std::max<uint64_t>(1, uint64_t(std::ceil(inst.cellsPerItem * double(u) / 3.0)));
-      plan.seed = mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1);
-      valueWords += size_t(plan.K) * 3 * plan.part;
+      plan.geometry = sketchGeometry(afterIndexPart(inst.cellsPerItem, u),
+                                     mix64(op->step * 0x9e3779b97f4a7c15ull + uint64_t(t) + 1));
+      plan.floatCells = inst.floatCells && floatCellsExact(plan, n);
+      if (plan.floatCells) {
+        plan.valueOffset = denseCount;
+        denseCount += 3 * plan.geometry.part;
+      } else {
+        valueWords += size_t(plan.K) * 3 * plan.geometry.part;
+      }
     }
   }
   s.values.assign(valueWords, 0);
   s.specials.assign(specialWords, 0);
   s.dense.assign(denseCount, 0.0f);
+  s.presizedLeftovers.assign(presizedLeftoverWords, 0);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
     const float* x = inputOf(op->tensors[t]);
     const size_t u = plan.members.size();
+    if (plan.presizedValid) {
+      encodeLeftovers(plan, x, s.presizedLeftovers.data());
+      continue;
+    }
     if (plan.mode == Mode::Dense) {
       std::memcpy(s.dense.data() + plan.valueOffset, x, plan.count * sizeof(float));
       continue;
@@ -310,111 +474,19 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
         s.specials[plan.specialOffset + p] = specialBits(v);
         continue;
       }
-      if (plan.mode == Mode::Compact) {
+      if (plan.mode == Mode::Compact && plan.compactF32) {
+        s.dense[plan.valueOffset + p] = v;
+      } else if (plan.mode == Mode::Compact) {
         addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
+      } else if (plan.floatCells) {
+        float* cells = s.dense.data() + plan.valueOffset;
+        for (int j = 0; j < 3; ++j) cells[cellOf(i, plan.geometry, j)] += v;  // exact: floatCellsExact
       } else {
-        const size_t cells = 3 * plan.part;
-        for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.seed, j, plan.part), cells);
+        const size_t cells = 3 * plan.geometry.part;
+        for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.geometry, j), cells);
       }
     }
   }
-}
-
-// Peels plan's sketch (cells summed); fills plan.limbs and plan.leftover.
-// Returns false if the certificate fails (an internal error).
-// Memory-bound (random cell accesses): each cell's count, XORs and first limb
-// share one record, so touching a cell costs one cache miss (limbs 1.. live
-// apart; K = 1 is usual); a member's cells are recomputed from its index (the
-// XOR of indices), and results go to a sequential log, scattered afterwards.
-bool peel(TensorPlan& plan, const uint64_t* summed) {
-  const size_t u = plan.members.size(), cells = 3 * plan.part;
-  const int K = plan.K;
-  struct Cell {
-    uint64_t limb0;
-    uint64_t indexXor;     // XOR of the indices of the cell's members
-    uint64_t positionXor;  // XOR of their positions in U
-    uint64_t count;        // members of U hashed here, from U alone (never sent)
-  };
-  std::vector<Cell> cell(cells);
-  for (size_t cc = 0; cc < cells; ++cc) cell[cc] = Cell{summed[cc], 0, 0, 0};
-  std::vector<uint64_t> upper(summed + cells, summed + size_t(K) * cells);  // limbs 1..K-1, limb-major
-  for (size_t p = 0; p < u; ++p) {
-    const uint64_t index = plan.members[p];
-    for (int j = 0; j < 3; ++j) {
-      Cell& c = cell[cellOf(index, plan.seed, j, plan.part)];
-      ++c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= p;
-    }
-  }
-  struct Recovered {
-    uint64_t position, limb0;
-  };
-  std::vector<Recovered> log;
-  std::vector<uint64_t> logUpper;  // (K - 1) limbs per log entry
-  log.reserve(u);
-  std::vector<uint64_t> queue;
-  for (size_t cc = 0; cc < cells; ++cc)
-    if (cell[cc].count == 1) queue.push_back(cc);
-  uint64_t mine[16];  // K <= ceil(277 / 32) = 9: L = 63 - ceil(log2 n) >= 32 for any int world size
-  while (!queue.empty()) {
-    const uint64_t cc = queue.back();
-    queue.pop_back();
-    if (cell[cc].count != 1) continue;
-    const uint64_t index = cell[cc].indexXor, v0 = cell[cc].limb0;
-    log.push_back({cell[cc].positionXor, v0});
-    for (int k = 1; k < K; ++k) logUpper.push_back(mine[k] = upper[size_t(k - 1) * cells + cc]);
-    for (int j = 0; j < 3; ++j) {
-      const uint64_t d = cellOf(index, plan.seed, j, plan.part);
-      Cell& c = cell[d];
-      c.limb0 -= v0;
-      for (int k = 1; k < K; ++k) upper[size_t(k - 1) * cells + d] -= mine[k];
-      --c.count;
-      c.indexXor ^= index;
-      c.positionXor ^= log.back().position;
-      if (c.count == 1) queue.push_back(d);
-    }
-  }
-  plan.limbs.assign(size_t(K) * u, 0);
-  std::vector<uint8_t> done(u, 0);
-  for (size_t e = 0; e < log.size(); ++e) {
-    const size_t p = log[e].position;
-    done[p] = 1;
-    plan.limbs[p] = log[e].limb0;
-    for (int k = 1; k < K; ++k) plan.limbs[size_t(k) * u + p] = logUpper[e * size_t(K - 1) + size_t(k - 1)];
-  }
-  plan.leftover.clear();
-  for (size_t p = 0; p < u; ++p)
-    if (!done[p]) plan.leftover.push_back(p);
-  if (log.size() == u) {
-    // Certificate: every cell must be empty and zero now.
-    for (const Cell& c : cell)
-      if (c.count != 0 || c.limb0 != 0) return false;
-    for (uint64_t v : upper)
-      if (v != 0) return false;
-  }
-  return true;
-}
-
-float decodeLimbs(const uint64_t* limbs, size_t stride, const TensorPlan& plan, int n, bool avg) {
-  if (plan.K == 1) return decodeOneLimb(static_cast<int64_t>(limbs[0]), plan.Q, avg ? n : 1);
-  Big big;
-  bigZero(big);
-  for (int k = 0; k < plan.K; ++k) bigAddShifted(big, static_cast<int64_t>(limbs[size_t(k) * stride]), k * plan.L);
-  bool negative = bigNegative(big);
-  if (negative) bigNegate(big);
-  int Q = plan.Q;
-  bool sticky = false;
-  if (avg && n > 1 && bigTop(big) >= 0) {
-    sticky = bigShiftDivide(big, uint64_t(n));
-    Q -= 64;
-  }
-  return roundToFloat(big, Q, sticky, negative);
-}
-
-float decodeSpecial(uint64_t bits) {
-  if ((bits & 4) || (bits & 3) == 3) return ops::bitsFloat(0x7fc00000u);
-  return (bits & 1) ? __builtin_inff() : -__builtin_inff();
 }
 
 void writeOutputs(OpState& s, shoal_compress_op_t* op) {
@@ -445,49 +517,62 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
   for (TensorPlan& plan : s.plans) {
     if (plan.mode != Mode::Compact && plan.mode != Mode::Sketch) continue;
     const size_t u = plan.members.size();
-    const uint64_t* limbs;
-    size_t stride;
+    const uint64_t* limbs = nullptr;
+    size_t stride = u;
     if (plan.mode == Mode::Compact) {
-      limbs = s.values.data() + plan.valueOffset;
-      stride = u;
+      if (!plan.compactF32) limbs = s.values.data() + plan.valueOffset;
     } else {
       if (!plan.leftover.empty() && !leftoversArrived) continue;
       const size_t m = plan.leftover.size();
       for (size_t l = 0; l < m; ++l)
         for (int k = 0; k < plan.K; ++k)
-          plan.limbs[size_t(k) * u + plan.leftover[l]] = s.leftovers[plan.leftoverOffset + size_t(k) * m + l];
+          plan.limbs[size_t(k) * u + plan.leftover[l]] = plan.leftoverBase[size_t(k) * m + l];
       limbs = plan.limbs.data();
-      stride = u;
     }
     plan.result.resize(u);
+    std::vector<uint8_t> fromLimbs;
+    if (plan.floatCells) {  // recovered members: their exact f32 sum; leftovers: their limbs
+      fromLimbs.assign(u, 0);
+      for (size_t p : plan.leftover) fromLimbs[p] = 1;
+    }
+    const float* exactSums = plan.compactF32 ? s.dense.data() + plan.valueOffset : plan.floatSums.data();
     for (size_t p = 0; p < u; ++p) {
       if (plan.nonfinite && s.specials[plan.specialOffset + p] != 0)
         plan.result[p] = decodeSpecial(s.specials[plan.specialOffset + p]);
+      else if (plan.compactF32 || (plan.floatCells && !fromLimbs[p]))
+        plan.result[p] = avg ? exactSums[p] / static_cast<float>(n) : exactSums[p];
       else
-        plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan, n, avg) : 0.0f;
+        plan.result[p] = plan.K > 0 ? decodeLimbs(limbs + p, stride, plan.K, plan.L, plan.Q, n, avg) : 0.0f;
     }
   }
 }
 
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
-  const Instance& inst = *static_cast<Instance*>(instance);
+  Instance& inst = *static_cast<Instance*>(instance);
   OpState& s = *static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (s.device != nullptr) return deviceRound(inst, s.device, op, round);
+#endif
   if (round->index == 0) {
     encodeIndex(s, op, round);
     s.stage = 0;
     return SHOAL_OK;
   }
   if (s.stage == 0) {
+    if (shoal_status_t status = readIndex(inst, s, op); status != SHOAL_OK) return status;
     encodeValues(inst, s, op);
     s.stage = 1;
     int np = 0;
+    if (!s.presizedLeftovers.empty())
+      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(), s.presizedLeftovers.size());
     if (!s.values.empty()) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
     if (!s.dense.empty()) setPayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
     if (!s.specials.empty())
       setPayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
-    // Nothing to send: every tensor is zero.
+    // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.
+    decodeKnown(s, op, true);
     writeOutputs(s, op);
     round->num_payloads = 0;
     round->done = 1;
@@ -498,8 +583,14 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     size_t leftoverWords = 0;
     for (int t = 0; t < op->num_tensors; ++t) {
       TensorPlan& plan = s.plans[t];
-      if (plan.mode != Mode::Sketch) continue;
-      if (!peel(plan, s.values.data() + plan.valueOffset)) {
+      if (plan.mode != Mode::Sketch || plan.presizedValid) continue;
+      const bool ok = plan.floatCells
+                          ? peelSketch(plan.members.data(), plan.members.size(), plan.geometry, 1,
+                                       s.dense.data() + plan.valueOffset, plan.floatSums, plan.leftover)
+                          : peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
+                                       s.values.data() + plan.valueOffset, plan.limbs, plan.leftover);
+      if (plan.floatCells) plan.limbs.assign(size_t(plan.K) * plan.members.size(), 0);  // the leftovers' limbs
+      if (!ok) {
         writeText(op->error_text, op->error_text_size,
                   "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
         return SHOAL_ERR_INTERNAL;
@@ -512,13 +603,8 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
       s.leftovers.assign(leftoverWords, 0);
       for (int t = 0; t < op->num_tensors; ++t) {
         TensorPlan& plan = s.plans[t];
-        if (plan.mode != Mode::Sketch || plan.leftover.empty()) continue;
-        const float* x = inputOf(op->tensors[t]);
-        const size_t m = plan.leftover.size();
-        for (size_t l = 0; l < m; ++l) {
-          float v = x[plan.members[plan.leftover[l]]];
-          if (isFinite(v)) addLimbs(v, plan.Q, plan.L, plan.K, s.leftovers.data() + plan.leftoverOffset + l, m);
-        }
+        if (plan.mode != Mode::Sketch || plan.presizedValid || plan.leftover.empty()) continue;
+        encodeLeftovers(plan, inputOf(op->tensors[t]), s.leftovers.data());
       }
       round->num_payloads = 1;
       setPayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());
@@ -533,13 +619,25 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return SHOAL_OK;
 }
 
-void finish(void*, void* opState) { delete static_cast<OpState*>(opState); }
+void finish(void*, void* opState) {
+  auto* s = static_cast<OpState*>(opState);
+#if SHOAL_WITH_CUDA
+  if (s->device != nullptr) deviceFinish(s->device);
+#endif
+  delete s;
+}
+
+#if SHOAL_WITH_CUDA
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC;
+#else
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC;
+#endif
 
 const shoal_compressor_t kSketch = {
     SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "sketch",
     "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit fixed-point values "
     "(compact, count sketch with peeling, or dense)",
-    kOptionsHelp, SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC, SHOAL_ERROR_EXACT, 0.0,
+    kOptionsHelp, kCaps, SHOAL_ERROR_EXACT, 0.0,
     1u << SHOAL_F32, create, destroy, start, round, finish, nullptr, nullptr, nullptr,
 };
 

@@ -1,12 +1,13 @@
 // Per-element logic of the sketch compressor, shared by the host code
-// (sketch.cc) and a later CUDA kernel: everything here is __host__ __device__
+// (sketch.cc) and the CUDA kernels (sketch.cu): everything here is __host__ __device__
 // under nvcc (SHOAL_HD, from collectives/common/element_ops.h) and plain inline
 // C++ otherwise. No allocation, no standard containers.
 //
 // Pieces:
 //  - the index bitmap: bit i of word i / 64 is coordinate i;
-//  - the cell hash of (index, seed, j), j = 0, 1, 2 (partitioned table: hash j
-//    lands in part j of three equal parts, so an element's three cells differ);
+//  - the Bloom index (bit positions of a coordinate);
+//  - the count-sketch cell of (index, j), j = 0, 1, 2 (lane-rotated blocks),
+//    and the per-member steps of peeling (pure-cell test, apply);
 //  - the exact fixed-point encoding of an f32 as signed 64-bit limbs and the
 //    exact decoding of a sum of such encodings back to f32, rounded once.
 //
@@ -38,6 +39,15 @@ SHOAL_HD inline void bitmapSet(uint64_t* words, size_t i) { words[i >> 6] |= uin
 SHOAL_HD inline bool bitmapTest(const uint64_t* words, size_t i) { return (words[i >> 6] >> (i & 63)) & 1u; }
 
 // ---- hashing ------------------------------------------------------------------
+// The high 64 bits of a * b: range reduction without division.
+SHOAL_HD inline uint64_t mulhi64(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
 // splitmix64's finaliser: a full-avalanche 64-bit mix.
 SHOAL_HD inline uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -48,12 +58,105 @@ SHOAL_HD inline uint64_t mix64(uint64_t x) {
   return x;
 }
 
-// The cell of element `index` for hash j (0..2) in a table of 3 * part cells:
-// part j holds hash j's cells, so the three cells of one element are distinct.
-SHOAL_HD inline uint64_t cellOf(uint64_t index, uint64_t seed, int j, uint64_t part) {
-  uint64_t h = mix64(index * 0x9e3779b97f4a7c15ull + mix64(seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
-  // Multiply-shift range reduction (unbiased enough, no division).
-  return uint64_t(j) * part + static_cast<uint64_t>((static_cast<unsigned __int128>(h) * part) >> 64);
+// ---- count-sketch geometry: lane-rotated blocks -----------------------------
+// The table has 3 parts (hash j lands in part j, so an element's three cells
+// differ), each of rows x width cells, width a power of two <= 1024. Element i
+// is lane t = i mod width of block b = i / width; its cell in part j is
+//     j * part + row_j(b) * width + (t + offset_j(b)) mod width,
+// with row_j, offset_j from one hash of (b, seed, j). Neighbouring elements of
+// a block land in neighbouring cells of one row (coalesced on a GPU, cache-
+// friendly on a CPU, since U is scanned in ascending order), while the per-
+// block rotation keeps the hypergraph random enough to peel: with block-shared
+// rows and no rotation (the seed paper's code) two blocks that draw the same
+// three rows collide in EVERY lane, a structural 2-core that no amount of
+// space removes (tests/unit/test_sketch_math.cc shows both).
+struct SketchGeometry {
+  uint64_t part = 0;   // cells per part = rows << widthLog2
+  uint64_t rows = 0;
+  int widthLog2 = 0;
+  uint64_t seed = 0;
+};
+
+// A geometry of at least targetPart cells per part. The width is the largest
+// power of two <= 1024 with at least 256 rows: rounding up to whole rows costs
+// < 1/256 of a part, and a dense union (where every lane of a block is a
+// member, so rotation cannot separate two blocks that share a row) still has
+// >= 256 * count / part blocks, enough for the block-level hypergraph to peel
+// like a random one. Tables under 512 cells a part get width 1 (per-element
+// hashing). Width 1024 from 256k cells a part (~600k members).
+SHOAL_HD inline SketchGeometry sketchGeometry(uint64_t targetPart, uint64_t seed) {
+  SketchGeometry g;
+  if (targetPart == 0) targetPart = 1;
+  int w = 0;
+  while (w < 10 && (uint64_t(256) << (w + 1)) <= targetPart) ++w;
+  g.widthLog2 = w;
+  g.rows = (targetPart + (uint64_t(1) << w) - 1) >> w;
+  g.part = g.rows << w;
+  g.seed = seed;
+  return g;
+}
+
+// The cell of element `index` for hash j (0..2).
+SHOAL_HD inline uint64_t cellOf(uint64_t index, const SketchGeometry& g, int j) {
+  const uint64_t block = index >> g.widthLog2, mask = (uint64_t(1) << g.widthLog2) - 1;
+  const uint64_t h = mix64(block * 0x9e3779b97f4a7c15ull + mix64(g.seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
+  // Row from the high bits (multiply-shift range reduction), rotation from the low bits.
+  const uint64_t row = mulhi64(h, g.rows);
+  return uint64_t(j) * g.part + (row << g.widthLog2) + (((index & mask) + h) & mask);
+}
+
+// ---- peeling, per member (the two-phase rounds of the GPU; the CPU peel in
+// sketch_peel.h uses a queue but the same cells and the same pure-cell test) --
+// counts[c] = members of U hashed to cell c (computed from U, never sent).
+SHOAL_HD inline bool isPure(uint32_t count) { return count == 1; }
+
+// Phase A: the first of member `index`'s cells that holds it alone, or
+// UINT64_MAX. Cells of count 1 hold exactly that member's sum.
+SHOAL_HD inline uint64_t pureCellOf(uint64_t index, const SketchGeometry& g, const uint32_t* counts) {
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t c = cellOf(index, g, j);
+    if (isPure(counts[c])) return c;
+  }
+  return ~uint64_t(0);
+}
+
+// Phase B (one thread, plain arithmetic; the GPU does the same with atomics):
+// removes a recovered member's K limbs (limbs[k]) from its three cells.
+// Wrapping u64 arithmetic: exact modulo 2^64, whatever the cells held.
+SHOAL_HD inline void peelApply(uint64_t index, const SketchGeometry& g, const uint64_t* limbs, int K, uint64_t* cells,
+                               uint64_t stride, uint32_t* counts) {
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t c = cellOf(index, g, j);
+    for (int k = 0; k < K; ++k) cells[uint64_t(k) * stride + c] -= limbs[k];
+    --counts[c];
+  }
+}
+
+// ---- Bloom index ------------------------------------------------------------
+// An unblocked Bloom filter of `words` u64 words and `hashes` bit positions per
+// coordinate, ORed across ranks like the bitmap. Its members are every
+// coordinate whose bits are all set: U plus false positives, whose values are
+// zero on every rank, so they decode to exact +0 (they only cost space).
+struct BloomGeometry {
+  uint64_t words = 0;
+  int hashes = 0;
+  uint64_t seed = 0;
+};
+
+// Bit position h (0 <= h < hashes) of coordinate `index` in [0, 64 * words).
+SHOAL_HD inline uint64_t bloomBit(uint64_t index, const BloomGeometry& b, int h) {
+  const uint64_t x = mix64(index * 0xd6e8feb86659fd93ull + mix64(b.seed + 0x9e3779b97f4a7c15ull * uint64_t(h + 1)));
+  return mulhi64(x, b.words * 64);
+}
+
+SHOAL_HD inline void bloomInsert(uint64_t* words, uint64_t index, const BloomGeometry& b) {
+  for (int h = 0; h < b.hashes; ++h) bitmapSet(words, bloomBit(index, b, h));
+}
+
+SHOAL_HD inline bool bloomTest(const uint64_t* words, uint64_t index, const BloomGeometry& b) {
+  for (int h = 0; h < b.hashes; ++h)
+    if (!bitmapTest(words, bloomBit(index, b, h))) return false;
+  return true;
 }
 
 // ---- f32 decomposition ----------------------------------------------------------
@@ -106,9 +209,16 @@ SHOAL_HD inline bool isFinite(float x) { return (ops::floatBits(x) & 0x7f800000u
 
 // Adds x's limbs (scale 2^-Q, limb width L bits, K limbs) to limbs[k * stride]
 // modulo 2^64. Requires Q <= decompose(x).lowest and K limbs covering x.
-SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, size_t stride) {
+// x's two nonzero limbs: x 2^-Q = lo 2^(k0 L) + hi 2^((k0+1) L) (wrapping
+// two's complement, both of x's sign). k0 = -1 for a zero.
+struct LimbPair {
+  int k0;
+  uint64_t lo, hi;
+};
+
+SHOAL_HD inline LimbPair limbPairOf(float x, int Q, int L) {
   FloatParts p = decompose(x);
-  if (p.mag == 0) return;
+  if (p.mag == 0) return LimbPair{-1, 0, 0};
   int shift = p.lowest - Q;
   int k0 = shift / L, r = shift % L;
   unsigned __int128 w = static_cast<unsigned __int128>(p.mag) << r;
@@ -118,8 +228,14 @@ SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, siz
     lo = 0 - lo;
     hi = 0 - hi;
   }
-  if (k0 < K) limbs[size_t(k0) * stride] += lo;
-  if (k0 + 1 < K) limbs[size_t(k0 + 1) * stride] += hi;
+  return LimbPair{k0, lo, hi};
+}
+
+SHOAL_HD inline void addLimbs(float x, int Q, int L, int K, uint64_t* limbs, size_t stride) {
+  const LimbPair l = limbPairOf(x, Q, L);
+  if (l.k0 < 0) return;
+  if (l.k0 < K) limbs[size_t(l.k0) * stride] += l.lo;
+  if (l.k0 + 1 < K) limbs[size_t(l.k0 + 1) * stride] += l.hi;
 }
 
 // ---- exact decoding -----------------------------------------------------------------
@@ -291,5 +407,40 @@ SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
   }
   return roundToFloat128(mag, Q, sticky, negative);
 }
+
+// The K limb sums of one member (limbs[k * stride]) as f32: the exact
+// sum_k S_k 2^(k L + Q) (divided by n for avg), rounded once.
+SHOAL_HD inline float decodeLimbs(const uint64_t* limbs, size_t stride, int K, int L, int Q, int n, bool avg) {
+  if (K == 1) return decodeOneLimb(static_cast<int64_t>(limbs[0]), Q, avg ? n : 1);
+  Big big;
+  bigZero(big);
+  for (int k = 0; k < K; ++k) bigAddShifted(big, static_cast<int64_t>(limbs[size_t(k) * stride]), k * L);
+  bool negative = bigNegative(big);
+  if (negative) bigNegate(big);
+  bool sticky = false;
+  if (avg && n > 1 && bigTop(big) >= 0) {
+    sticky = bigShiftDivide(big, uint64_t(n));
+    Q -= 64;
+  }
+  return roundToFloat(big, Q, sticky, negative);
+}
+
+// ---- Inf and NaN ------------------------------------------------------------------
+// One word per member, ORed across ranks: 1 +Inf, 2 -Inf, 4 NaN.
+SHOAL_HD inline uint64_t specialBits(float x) {
+  uint32_t b = ops::floatBits(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 4;
+  if ((b & 0x7fffffffu) == 0x7f800000u) return (b >> 31) ? 2 : 1;
+  return 0;
+}
+
+// A NaN, or +Inf meeting -Inf, gives NaN; else the infinity.
+SHOAL_HD inline float decodeSpecial(uint64_t bits) {
+  if ((bits & 4) || (bits & 3) == 3) return ops::bitsFloat(0x7fc00000u);
+  return (bits & 1) ? ops::bitsFloat(0x7f800000u) : ops::bitsFloat(0xff800000u);
+}
+
+// Round 0's per-tensor statistics of one value: nonzero (not +-0)?
+SHOAL_HD inline bool isNonzero(float x) { return (ops::floatBits(x) & 0x7fffffffu) != 0; }
 
 }  // namespace shoal::sketch

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "compressors/sketch/sketch_math.h"
+#include "compressors/sketch/sketch_peel.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
@@ -337,6 +338,77 @@ TEST(Sketch, PayloadSmallerThanDenseAtOnePercent) {
   }
 }
 
+TEST(Sketch, BloomIndexExactOverDensitiesRanksAndModes) {
+  // index=bloom sized for the density it gets, and for one far below it (a
+  // saturated filter: many false positives), in every values= mode: exact.
+  const size_t count = 30011;
+  for (int n : {1, 2, 3, 5, 17}) {
+    std::vector<std::string> options;
+    for (const char* mode : kModes)
+      for (const char* index : {"index=bloom,expected_density=0.01", "index=bloom,expected_density=0.00001"})
+        options.push_back(std::string(mode) + "," + index);
+    std::vector<std::pair<Gen, std::vector<float>>> cases;
+    for (double density : {0.00001, 0.001, 0.01, 0.1})
+      for (Overlap overlap : {Overlap::Identical, Overlap::Independent}) {
+        Gen gen = sparseGen(hash3(n, uint64_t(density * 1e6), 40 + int(overlap)), n, density, overlap);
+        cases.emplace_back(gen, reference(gen, n, count, SHOAL_SUM));
+      }
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (size_t c = 0; c < cases.size(); ++c)
+        for (const std::string& o : options)
+          runOne(comm, rank, count, cases[c].first, o, SHOAL_SUM, cases[c].second,
+                 std::to_string(n) + " ranks, case " + std::to_string(c) + ", " + o, nullptr);
+    });
+  }
+}
+
+TEST(Sketch, BloomFalsePositivesDecodeToExactZeros) {
+  // A filter sized for 10 members holding ~3000: most probed coordinates are
+  // false positives. They travel as members (the compact payload says how
+  // many) and every one of them comes back +0.
+  const int n = 3;
+  const size_t count = 100003;
+  Gen gen = sparseGen(hash3(12, 34, 56), n, 0.01, Overlap::Independent, -12, 12);  // one limb
+  size_t unionSize = 0;
+  for (size_t i = 0; i < count; ++i) {
+    bool any = false;
+    for (int r = 0; r < n; ++r) any = any || gen(r, i) != 0.0f;
+    unionSize += any;
+  }
+  std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);  // +0 off the union
+  Result r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.0001", SHOAL_SUM, expected, "bloom fp");
+  const shoal::sketch::BloomGeometry b = shoal::sketch::bloomGeometry(count, 0.0001, 0);
+  ASSERT_GT(b.words, 0u);
+  // payload = filter + 3 stats words + one limb (values here need one) per member.
+  const size_t members = (r.stats.payload_bytes - 8 * b.words - 24) / 8;
+  EXPECT_GT(members, unionSize + 1000) << "expected many false positives";
+  EXPECT_LT(b.words * 64, count / 10) << "the filter should be far smaller than the bitmap";
+  // Sized right, the filter costs < 1/5 of the bitmap and adds few members.
+  r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.03", SHOAL_SUM, expected, "bloom sized");
+  const shoal::sketch::BloomGeometry sized = shoal::sketch::bloomGeometry(count, 0.03, 0);
+  ASSERT_GT(sized.words, 0u);
+  const size_t sizedMembers = (r.stats.payload_bytes - 8 * sized.words - 24) / 8;
+  EXPECT_GE(sizedMembers, unionSize);
+  EXPECT_LT(sizedMembers, unionSize + unionSize / 5);
+}
+
+TEST(Sketch, SeventeenRanksBitmap) {
+  const size_t count = 10007;
+  const int n = 17;
+  std::vector<std::pair<Gen, std::vector<float>>> cases;
+  for (double density : {0.001, 0.1, 1.0})
+    for (Overlap overlap : {Overlap::Identical, Overlap::Disjoint, Overlap::Independent}) {
+      Gen gen = sparseGen(hash3(17, uint64_t(density * 1e6), int(overlap)), n, density, overlap, -12, 12);
+      cases.emplace_back(gen, reference(gen, n, count, SHOAL_SUM));
+    }
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    for (size_t c = 0; c < cases.size(); ++c)
+      for (const char* mode : kModes)
+        runOne(comm, rank, count, cases[c].first, mode, SHOAL_SUM, cases[c].second,
+               "17 ranks, case " + std::to_string(c) + ", " + mode, nullptr);
+  });
+}
+
 TEST(Sketch, OptionsRefusedWithText) {
   runRanks(2, [](int, shoal_comm_t comm) {
     float data[4] = {1, 2, 3, 4};
@@ -344,7 +416,9 @@ TEST(Sketch, OptionsRefusedWithText) {
     shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
     opts.compressor = "sketch";
     opts.compress_min_bytes = 0;
-    for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1"}) {
+    for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1",
+                            "index=tree", "expected_density=0", "expected_density=1.5", "ratio=1",
+                            "ratio=x", "cells=f16"}) {
       opts.compressor_options = bad;
       EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT) << bad;
       std::string key = std::string(bad).substr(0, std::string(bad).find('='));
@@ -378,8 +452,10 @@ struct SimRank {
   char error[256] = {};
 };
 
+// perRank: optional instances (created by the caller with the same options), one per rank.
 void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector<std::vector<Gen>>& gens,
-              const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds) {
+              const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds,
+              const std::vector<void*>* perRank = nullptr) {
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
   std::vector<std::string> keys, values;
@@ -420,13 +496,14 @@ void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector
     R.op.step = 3;
     R.op.error_text = R.error;
     R.op.error_text_size = sizeof R.error;
-    ASSERT_EQ(table->start(instance, &R.op, &R.state), SHOAL_OK) << R.error;
+    ASSERT_EQ(table->start(perRank ? (*perRank)[r] : instance, &R.op, &R.state), SHOAL_OK) << R.error;
     R.round.struct_size = sizeof R.round;
   }
   for (int index = 0;; ++index) {
     for (SimRank& R : ranks) {
       R.round.index = index;
-      ASSERT_EQ(table->round(instance, R.state, &R.op, &R.round), SHOAL_OK) << R.error;
+      ASSERT_EQ(table->round(perRank ? (*perRank)[&R - ranks.data()] : instance, R.state, &R.op, &R.round), SHOAL_OK)
+          << R.error;
     }
     for (SimRank& R : ranks) ASSERT_EQ(R.round.done, ranks[0].round.done);
     if (ranks[0].round.done) {
@@ -461,7 +538,7 @@ void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector
       }
     }
   }
-  for (SimRank& R : ranks) table->finish(instance, R.state);
+  for (int r = 0; r < n; ++r) table->finish(perRank ? (*perRank)[r] : instance, ranks[r].state);
   table->destroy(instance);
   outputs->clear();
   for (int t = 0; t < T; ++t) {
@@ -539,6 +616,225 @@ TEST(SketchMath, RoundToFloatMatchesCastsOnIntegers) {
     float got = shoal::sketch::roundToFloat(b, Q, false, false);
     float want = float(std::ldexp(static_cast<long double>(v), Q));
     ASSERT_EQ(bitsOf(got), bitsOf(want)) << "v " << v << " Q " << Q;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// ---- ratio=R: the sketch sized in advance, sent with the index in round 0 ----
+
+TEST(SketchRatio, OneRoundWhenItPeelsExactAlways) {
+  // ratio=20: count/20 cells of one limb. At 0.05-0.2% union density the
+  // sketch peels: one round (index + cells), at the default window on the
+  // first call (values below 2^9) and at the last agreed scale on the second.
+  // Overloaded (10% density) it leaves leftovers: a second round, still exact.
+  const size_t count = 100003;
+  for (int n : {1, 2, 3, 5, 8}) {
+    struct Case {
+      Gen gen;
+      std::vector<float> expected;
+      double density;
+    };
+    std::vector<Case> cases;
+    for (double density : {0.0005, 0.002, 0.1}) {
+      Gen gen = sparseGen(hash3(n, uint64_t(density * 1e6), 77), n, density, Overlap::Identical, -10, 5);
+      cases.push_back({gen, reference(gen, n, count, SHOAL_SUM), density});
+    }
+    runRanks(n, [&](int rank, shoal_comm_t comm) {
+      for (const Case& c : cases) {
+        shoal_compress_stats_t first = SHOAL_COMPRESS_STATS_INIT, second = SHOAL_COMPRESS_STATS_INIT;
+        const std::string what = std::to_string(n) + " ranks, density " + std::to_string(c.density);
+        runOne(comm, rank, count, c.gen, "ratio=20", SHOAL_SUM, c.expected, what + ", first call", &first);
+        runOne(comm, rank, count, c.gen, "ratio=20", SHOAL_SUM, c.expected, what + ", second call", &second);
+        if (rank != 0) continue;
+        if (c.density < 0.01) {
+          // index (count / 8 bytes) + cells (8 bytes each, count / 20) + stats: 7x below dense.
+          EXPECT_EQ(second.payload_bytes, first.payload_bytes) << what << ": sizes follow from options and shape";
+          EXPECT_LT(first.payload_bytes, count * 4 / 7) << what;
+          EXPECT_EQ(first.rounds, 1) << what;
+          EXPECT_EQ(second.rounds, 1) << what;
+        } else {
+          EXPECT_EQ(second.rounds, 2) << what << ": an overloaded sketch needs the leftover round";
+        }
+      }
+    });
+  }
+}
+
+TEST(SketchRatio, ScaleChangeFallsBackLosslessly) {
+  // Second call's values are 2^20 larger (above the guessed top) and then 2^-40
+  // smaller (below the guessed lowest bit): round 0's statistics show the
+  // cells cannot hold them, and the values travel compact in round 2. Then
+  // Inf in a pre-sized tensor: also a fallback.
+  const size_t count = 50021;
+  const int n = 3;
+  Gen base = sparseGen(hash3(1, 2, 3), n, 0.001, Overlap::Independent, -5, 5);
+  Gen big = [&](int r, size_t i) { return base(r, i) * 0x1p20f; };
+  Gen tiny = [&](int r, size_t i) { return base(r, i) * 0x1p-40f; };
+  Gen inf = [&](int r, size_t i) { return i == 17 && r == 1 ? std::numeric_limits<float>::infinity() : base(r, i); };
+  std::vector<float> infExpected = reference(base, n, count, SHOAL_SUM);
+  infExpected[17] = std::numeric_limits<float>::infinity();
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
+    runOne(comm, rank, count, base, "ratio=50", SHOAL_SUM, reference(base, n, count, SHOAL_SUM), "base", &stats);
+    runOne(comm, rank, count, base, "ratio=50", SHOAL_SUM, reference(base, n, count, SHOAL_SUM), "base again", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 1);
+    runOne(comm, rank, count, big, "ratio=50", SHOAL_SUM, reference(big, n, count, SHOAL_SUM), "big", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2) << "values above the guess must fall back";
+    runOne(comm, rank, count, tiny, "ratio=50", SHOAL_SUM, reference(tiny, n, count, SHOAL_SUM), "tiny", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2) << "values below the guess must fall back";
+    runOne(comm, rank, count, inf, "ratio=50", SHOAL_SUM, infExpected, "inf", &stats);
+    if (rank == 0) EXPECT_EQ(stats.rounds, 2);
+  });
+}
+
+TEST(SketchRatio, RanksThatGuessDifferentlyFallBack) {
+  // Rank 0's instance has a history (a previous operation), rank 1's has not:
+  // their cells use different scales. Round 0's guess words reveal it and
+  // every rank falls back to the values round: exact, never mixed.
+  const shoal_compressor_t* table = nullptr;
+  ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
+  const char* keys[] = {"ratio"};
+  const char* values[] = {"20"};
+  char err[256] = {};
+  shoal_compressor_params_t params{sizeof params, 1, keys, values, nullptr, err, sizeof err};
+  std::vector<void*> instances(2, nullptr);
+  for (void*& instance : instances) ASSERT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
+  const int n = 2;
+  Gen gen = sparseGen(hash3(4, 5, 6), n, 0.002, Overlap::Independent, -8, 8);
+  const std::vector<size_t> counts = {40000};
+  std::vector<std::vector<float>> outputs;
+  int rounds = 0;
+  // Warm rank 0's instance alone: a 1-rank op on the same shape.
+  std::vector<void*> warm = {instances[0]};
+  simulate("ratio=20", 1, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &warm);
+  ASSERT_EQ(rounds, 1);
+  simulate("ratio=20", n, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &instances);
+  EXPECT_EQ(rounds, 2) << "mismatched guesses must not be peeled";
+  std::vector<float> want = reference(gen, n, counts[0], SHOAL_SUM);
+  for (size_t i = 0; i < counts[0]; ++i) ASSERT_EQ(bitsOf(outputs[0][i]), bitsOf(want[i])) << i;
+  // Both instances now share the history: one round again.
+  simulate("ratio=20", n, SHOAL_SUM, {{gen}}, counts, &outputs, &rounds, &instances);
+  EXPECT_EQ(rounds, 1);
+  for (size_t i = 0; i < counts[0]; ++i) ASSERT_EQ(bitsOf(outputs[0][i]), bitsOf(want[i])) << i;
+  for (void* instance : instances) table->destroy(instance);
+}
+
+TEST(SketchRatio, FusedTensorsAndModes) {
+  const int n = 4;
+  Gen sparse = sparseGen(78, n, 0.003, Overlap::Independent);
+  Gen dense = sparseGen(79, n, 0.5, Overlap::Independent);
+  Gen empty = [](int, size_t) -> float { return 0.0f; };
+  const std::vector<std::vector<Gen>> gens = {{sparse}, {dense}, {empty}, {sparse}};
+  const std::vector<size_t> counts = {30000, 4000, 300, 0};
+  for (const char* options : {"ratio=30", "ratio=30,values=dense", "ratio=30,index=bloom,expected_density=0.01"}) {
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      std::vector<std::vector<float>> outputs;
+      int rounds = 0;
+      simulate(options, n, op, gens, counts, &outputs, &rounds);
+      if (HasFatalFailure()) return;
+      for (size_t t = 0; t < counts.size(); ++t) {
+        std::vector<float> want = reference(gens[t][0], n, counts[t], op);
+        for (size_t i = 0; i < counts[t]; ++i)
+          ASSERT_EQ(bitsOf(outputs[t][i]), bitsOf(want[i])) << options << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// ---- cells=f32: 4-byte cells where every partial sum is provably exact ----
+
+TEST(SketchFloatCells, ExactAndHalfTheCellBytesWhenProvable) {
+  // Values on a coarse grid (multiples of 1/64 below 16: 10 bits): f32 cells are
+  // exact for any order of addition and peeling; compared with i64 cells they
+  // send 4 bytes a cell instead of 8. Sum and avg, rank counts incl. 17.
+  const size_t count = 40009;
+  for (int n : {1, 2, 3, 5, 8, 17}) {
+    for (double density : {0.001, 0.05, 0.5}) {
+      Gen gen = [=](int r, size_t i) -> float {
+        if (unit(hash3(n, r, i)) >= density) return 0.0f;
+        return float(int(hash3(n + 1, r, i) % 2047) - 1023) / 64.0f;
+      };
+      for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+        if (op == SHOAL_AVG && (n & (n - 1)) != 0) continue;
+        std::vector<float> expected = reference(gen, n, count, op);
+        const std::string what = std::to_string(n) + " ranks, density " + std::to_string(density);
+        Result f = check(n, count, gen, "values=sketch,cells=f32", op, expected, what + ", f32 cells");
+        Result i = check(n, count, gen, "values=sketch,cells=i64", op, expected, what + ", i64 cells");
+        const size_t index = (count + 63) / 64 * 8 + 24;
+        EXPECT_EQ(f.stats.payload_bytes - index, (i.stats.payload_bytes - index) / 2) << what;
+      }
+    }
+  }
+}
+
+TEST(SketchFloatCells, WideValuesFallBackToI64Cells) {
+  // Full 24-bit significands over 2^-20 .. 2^20: f32 cells would round; the
+  // compressor sees it from round 0's scale and uses i64 cells (same bytes).
+  const size_t count = 30011;
+  const int n = 3;
+  Gen gen = sparseGen(hash3(9, 9, 9), n, 0.02, Overlap::Independent);
+  std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);
+  Result f = check(n, count, gen, "values=sketch,cells=f32", SHOAL_SUM, expected, "wide, f32 asked");
+  Result i = check(n, count, gen, "values=sketch", SHOAL_SUM, expected, "wide, i64");
+  EXPECT_EQ(f.stats.payload_bytes, i.stats.payload_bytes);
+}
+
+TEST(SketchFloatCells, LeftoversAndInfStayExact) {
+  // 1.1 cells per member: peeling stalls, the stalled members travel as i64
+  // limbs in round 3 next to f32-recovered ones. With an Inf: i64 cells.
+  const size_t count = 200003;
+  const int n = 3;
+  Gen gen = [](int r, size_t i) -> float {
+    if (unit(hash3(5, r, i)) >= 0.2) return 0.0f;
+    return float(int(hash3(6, r, i) % 4001) - 2000) * 0.125f;
+  };
+  std::vector<float> expected = reference(gen, n, count, SHOAL_SUM);
+  Result r = check(n, count, gen, "values=sketch,cells=f32,cells_per_item=1.1", SHOAL_SUM, expected, "f32 leftovers");
+  EXPECT_EQ(r.stats.rounds, 3);
+  Result i64 = check(n, count, gen, "values=sketch,cells_per_item=1.1", SHOAL_SUM, expected, "i64 leftovers");
+  EXPECT_LT(r.stats.payload_bytes, i64.stats.payload_bytes) << "f32 cells were expected";
+  Gen withInf = [&](int rank, size_t i) -> float {
+    return i == 100 && rank == 2 ? std::numeric_limits<float>::infinity() : gen(rank, i);
+  };
+  std::vector<float> infExpected = expected;
+  infExpected[100] = std::numeric_limits<float>::infinity();
+  check(n, count, withInf, "values=sketch,cells=f32", SHOAL_SUM, infExpected, "f32 with inf");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(SketchCompact, SendsF32ValuesWhenTheirSumsAreExact) {
+  // shoal-bench's values (signed multiples of 2^-12 in (-1, 1): 12 bits) on 4
+  // ranks: f32 sums are exact, so compact sends 4 bytes a member; full 24-bit
+  // significands need 8-byte limbs. Both exact, sum and avg.
+  const size_t count = 100003;
+  const int n = 4;
+  Gen grid = [](int r, size_t i) -> float {
+    if (unit(hash3(31, r, i)) >= 0.01) return 0.0f;
+    return float(int(hash3(32, r, i) % 8191) - 4095) * 0x1p-12f;
+  };
+  Gen wide = sparseGen(hash3(33, 0, 0), n, 0.01, Overlap::Independent, -3, 3);
+  for (bool onGrid : {true, false}) {
+    const Gen& gen = onGrid ? grid : wide;
+    size_t u = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bool any = false;
+      for (int r = 0; r < n; ++r) any = any || gen(r, i) != 0.0f;
+      u += any;
+    }
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      Result r = check(n, count, gen, "values=compact", op, reference(gen, n, count, op), onGrid ? "grid" : "wide");
+      EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + 24 + (onGrid ? 4 : 8) * u) << (onGrid ? "grid" : "wide");
+    }
   }
 }
 
