@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -254,6 +255,17 @@ TEST(MemoryRouting, CudaTensorsWithoutCudaAreUnsupportedEverywhere) {
   }, {nullptr, kTimeoutS});
 }
 
+// The example plugin qint8 (built into SHOAL_TEST_PLUGIN_DIR in the project's
+// build) runs on host tensors only: with every built-in able to run on CUDA
+// tensors, it is the compressor the refusal test needs. Set before the
+// registry is first read.
+#ifdef SHOAL_TEST_PLUGIN_DIR
+const bool kExamplePluginPath = [] {
+  setenv("SHOAL_PLUGIN_PATH", SHOAL_TEST_PLUGIN_DIR, /*overwrite=*/0);
+  return true;
+}();
+#endif
+
 // A compressor that cannot run on CUDA tensors (no SHOAL_CAP_CUDA) and compresses f32.
 std::string hostOnlyCompressor() {
   for (const shoal::plugin::Entry& entry : shoal::plugin::Registry::current().entries()) {
@@ -266,6 +278,9 @@ std::string hostOnlyCompressor() {
 
 TEST(MemoryRouting, CompressorWithoutCudaCapabilityIsRefusedOnEveryRank) {
   std::string compressor = hostOnlyCompressor();
+#ifdef SHOAL_TEST_PLUGIN_DIR
+  ASSERT_FALSE(compressor.empty()) << "the example plugin qint8 (host only) was not found in " SHOAL_TEST_PLUGIN_DIR;
+#endif
   if (compressor.empty()) GTEST_SKIP() << "every compressor here runs on CUDA tensors";
   const int n = 3;
   runRanks(n, [&](int, shoal_comm_t comm) {
