@@ -235,6 +235,12 @@ const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, in
   return gathered;
 }
 
+void cudaPayloadsDone(shoal_comm& comm, const MemoryRoute& route) {
+  onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
+    nc.synchronize(route.stream, "compressor's last round", deadline);
+  });
+}
+
 #else  // without NCCL, agreeOnCudaCall always throws (checkCudaReady refused)
 
 namespace {
@@ -257,6 +263,7 @@ void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
   unreachable();
 }
 void cudaPayloadAllreduce(shoal_comm&, const MemoryRoute&, void*, size_t, shoal_dtype_t, shoal_op_t) { unreachable(); }
+void cudaPayloadsDone(shoal_comm&, const MemoryRoute&) { unreachable(); }
 const void* cudaPayloadAllgatherv(shoal_comm&, const MemoryRoute&, int, const void*, size_t, shoal_dtype_t,
                                   std::vector<size_t>&, std::vector<size_t>&) {
   unreachable();

@@ -62,6 +62,9 @@ void cudaPayloadAllreduce(shoal_comm& comm, const MemoryRoute& route, void* buff
 // valid until the next gather into that slot.
 const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, int slot, const void* send, size_t count,
                                   shoal_dtype_t dtype, std::vector<size_t>& counts, std::vector<size_t>& displs);
+// Waits until the work a compressor enqueued on the route's stream (its last
+// decode) is done, so a compressed CUDA call returns with its outputs written.
+void cudaPayloadsDone(shoal_comm& comm, const MemoryRoute& route);
 // Bytes this rank sent over NCCL so far (0 without an NCCL communicator).
 uint64_t cudaBytesSent(const shoal_comm& comm);
 

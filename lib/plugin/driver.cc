@@ -197,7 +197,12 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
     for (;;) {
       status = table.round(instance.handle(), opState, &operation, &round);
       if (status != SHOAL_OK) failed(status, fmt::format("round {}", round.index));
-      if (round.done) break;
+      if (round.done) {
+        // The outputs of CUDA tensors are written by kernels on the input's
+        // stream: the call returns once they ran (docs/gpu.md).
+        if (route.cuda) cudaPayloadsDone(comm, route);
+        break;
+      }
       if (round.num_payloads < 1 || round.num_payloads > SHOAL_MAX_ROUND_PAYLOADS)
         fail(SHOAL_ERR_INTERNAL, "compressor {} asked for {} payloads in round {} (1..{} allowed) without done",
              table.name, round.num_payloads, round.index, SHOAL_MAX_ROUND_PAYLOADS);

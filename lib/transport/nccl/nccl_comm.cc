@@ -249,6 +249,13 @@ void Communicator::allreduce(const void* send, void* recv, size_t count, shoal_d
   m.complete(asStream(stream), "allreduce", deadline);
 }
 
+void Communicator::synchronize(void* stream, const char* what, Deadline deadline) {
+  Impl& m = *impl_;
+  m.usable();
+  DeviceGuard guard(m.device);
+  m.complete(asStream(stream), what, deadline);
+}
+
 void Communicator::ringAllreduce(const void* send, void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op,
                                  void* stream, Deadline deadline) {
   Impl& m = *impl_;

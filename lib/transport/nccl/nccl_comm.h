@@ -68,6 +68,10 @@ class Communicator {
   void reduceScatter(const void* send, void* recv, size_t recvcount, shoal_dtype_t dtype, shoal_op_t op,
                      void* stream, Deadline deadline);
 
+  // Waits for everything enqueued on stream so far (a compressor's last
+  // kernels), watching NCCL's async error, within the deadline.
+  void synchronize(void* stream, const char* what, Deadline deadline);
+
   // Device memory on this communicator's device that lives as long as it,
   // one buffer per slot (the driver's gathered payloads): grows, never shrinks.
   void* gatherSpace(int slot, size_t bytes);
