@@ -40,12 +40,25 @@
 #include <vector>
 
 #include "bench_data.h"
+#include "bench_memory.h"
 
 namespace {
 
 using namespace bench;  // NOLINT(google-build-using-namespace): its types and values, in bench_data.h
 
 int g_rank = -1;  // this process's rank once the communicator exists
+// --memory: where the collectives' buffers live. For CUDA memory the inputs are
+// made and checked in host buffers and copied to and from device buffers
+// outside the timed loop.
+shoal_memory_t g_memory = SHOAL_MEMORY_HOST;
+int g_device = 0;
+
+shoal_tensor_t tensorOf(const void *data, size_t count, shoal_dtype_t dtype) {
+  shoal_tensor_t t = shoal_tensor_1d(const_cast<void *>(data), count, dtype);
+  t.memory = g_memory;
+  t.device = g_device;
+  return t;
+}
 
 __attribute__((format(printf, 1, 2))) std::string format(const char *fmt, ...) {
   char buf[256];
@@ -75,8 +88,7 @@ const CollTest kCollTests[] = {
      [](const Ctx &x, size_t k) { return redValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return reduceOverRanks(x, k); },
      [](auto comm, auto s, auto r, auto &x) {  // the tensor call, so options select the compressor
-       const shoal_tensor_t in = shoal_tensor_1d(const_cast<void *>(s), x.c.paramCount, x.dtype),
-                            out = shoal_tensor_1d(r, x.c.paramCount, x.dtype);
+       const shoal_tensor_t in = tensorOf(s, x.c.paramCount, x.dtype), out = tensorOf(r, x.c.paramCount, x.dtype);
        return shoal_allreduce_tensor(comm, &in, &out, x.op, x.arOpts);
      },
      [](int n) { return 2.0 * (n - 1) / n; }},
@@ -84,7 +96,11 @@ const CollTest kCollTests[] = {
      [](size_t count, int n) { return Counts{count / n, count / n * n, count / n, count / n, 0}; },
      [](const Ctx &x, size_t k) { return plainValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return plainValue(x, int(k / x.c.paramCount), k % x.c.paramCount); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_allgather(comm, s, r, x.c.paramCount, x.dtype); },
+     [](auto comm, auto s, auto r, auto &x) {
+       const shoal_tensor_t in = tensorOf(s, x.c.paramCount, x.dtype),
+                            out = tensorOf(r, x.c.paramCount * size_t(x.nranks), x.dtype);
+       return shoal_allgather_tensor(comm, &in, &out);
+     },
      [](int n) { return double(n - 1) / n; }},
     {"broadcast", "every rank receives the root's buffer", false, true,
      [](size_t count, int) { return Counts{count, count, count, 0, 0}; },
@@ -257,6 +273,8 @@ void usage() {
          "  -a ALGO       auto, ring or tree [SHOAL_ALGO, else auto]\n"
          "  -r ROOT       root rank of broadcast [0]\n"
          "  -J, --json FILE      rank 0 writes the results as JSON\n"
+         "  --memory host|cuda   where the buffers live; cuda: device (local rank mod devices),\n"
+         "                       allreduce and allgather, NCCL underneath (CUDA build) [host]\n"
          "  -h, --help           this help\n"
          "\nallreduce only:\n"
          "  --compressor NAME    compress inside the allreduce [SHOAL_COMPRESSOR, else none]\n"
@@ -316,7 +334,7 @@ const CollTest *findColl(const char *name) {
 
 Options parseArgs(int argc, char **argv) {
   Options o;
-  enum { kCompressor = 256, kCopts, kMinBytes, kDensity, kOverlap };
+  enum { kCompressor = 256, kCopts, kMinBytes, kDensity, kOverlap, kMemory };
   const option longOpts[] = {{"json", required_argument, nullptr, 'J'},
                              {"list-compressors", no_argument, nullptr, 'L'},
                              {"help", no_argument, nullptr, 'h'},
@@ -325,6 +343,7 @@ Options parseArgs(int argc, char **argv) {
                              {"min-bytes", required_argument, nullptr, kMinBytes},
                              {"density", required_argument, nullptr, kDensity},
                              {"overlap", required_argument, nullptr, kOverlap},
+                             {"memory", required_argument, nullptr, kMemory},
                              {nullptr, 0, nullptr, 0}};
   const char *allreduceOnly = nullptr;  // the last allreduce-only flag given
   opterr = 0;
@@ -354,6 +373,11 @@ Options parseArgs(int argc, char **argv) {
         break;
       case kDensity: o.density = parseFraction("--density", optarg, false), allreduceOnly = "--density"; break;
       case kOverlap: o.overlap = parseFraction("--overlap", optarg, true), allreduceOnly = "--overlap"; break;
+      case kMemory:
+        if (strcmp(optarg, "host") == 0) g_memory = SHOAL_MEMORY_HOST;
+        else if (strcmp(optarg, "cuda") == 0) g_memory = SHOAL_MEMORY_CUDA;
+        else usageError("--memory: '%s' is neither host nor cuda", optarg);
+        break;
       case 'L':
         if (shoal_compressors_print(stdout) != SHOAL_OK) usageError("%s", shoal_last_error(nullptr));
         exit(0);
@@ -368,6 +392,8 @@ Options parseArgs(int argc, char **argv) {
   if (o.minBytes == 0) usageError("-b: the smallest size must be at least 1 byte");
   if (o.maxBytes < o.minBytes) usageError("-e %zu is smaller than -b %zu", o.maxBytes, o.minBytes);
   if (o.stepFactor < 2 && o.stepBytes == 0) usageError("-i: the step must be at least 1 byte");
+  if (g_memory == SHOAL_MEMORY_CUDA && o.coll != &kCollTests[0] && o.coll != &kCollTests[1])
+    usageError("--memory cuda: allreduce and allgather only, not %s", o.coll->name);
   const bool bitwise = o.op == SHOAL_BAND || o.op == SHOAL_BOR || o.op == SHOAL_BXOR;
   if (o.coll->hasOp && bitwise && kTypes[o.dtype].isFloat)
     usageError("-o %s needs an integer dtype, not %s", shoal_op_name(o.op), shoal_dtype_name(o.dtype));
@@ -508,6 +534,18 @@ int main(int argc, char **argv) {
   const char *opName = coll.hasOp ? shoal_op_name(o.op) : "none";
   const char *type = shoal_dtype_name(o.dtype);
 
+  // --memory cuda: every rank needs a device before anything is printed.
+  if (g_memory == SHOAL_MEMORY_CUDA) {
+    const char *local = getenv("SHOAL_LOCAL_RANK");
+    std::string why = selectDevice(local ? atoi(local) : g_rank, &g_device);
+    int32_t bad = !why.empty();
+    CHECK(plainAllreduce(&bad, 1, SHOAL_I32, SHOAL_MAX));
+    if (bad) {
+      fprintf(stderr, "shoal-bench: rank %d: --memory cuda: %s\n", g_rank, why.empty() ? "another rank has no device" : why.c_str());
+      exit(1);
+    }
+  }
+
   // Open the JSON file now, so that a bad path stops every rank before the sweep.
   FILE *json = rank0 && o.jsonPath ? fopen(o.jsonPath, "w") : nullptr;
   const int openErrno = errno;
@@ -524,7 +562,8 @@ int main(int argc, char **argv) {
     printf("# shoal-bench %s: nranks %d, algorithm %s, dtype %s, op %s, minBytes %zu maxBytes %zu ", coll.name,
            nranks, algo, type, opName, o.minBytes, o.maxBytes);
     printf(o.stepBytes ? "step: %zu(bytes)" : "step: %zu(factor)", o.stepBytes ? o.stepBytes : o.stepFactor);
-    printf(" warmup iters: %d iters: %d validation: %d\n", o.warmup, o.iters, o.check ? 1 : 0);
+    printf(" warmup iters: %d iters: %d validation: %d memory: %s\n", o.warmup, o.iters, o.check ? 1 : 0,
+           g_memory == SHOAL_MEMORY_CUDA ? "cuda" : "host");
     printCompressorHeader(o, nranks);
     printf("#\n");
     printf("# Using ranks\n");
@@ -539,6 +578,26 @@ int main(int argc, char **argv) {
   char *sendbuf = static_cast<char *>(std::aligned_alloc(64, bufBytes));
   char *recvbuf = static_cast<char *>(std::aligned_alloc(64, bufBytes));
   if (!sendbuf || !recvbuf) fail(format("allocating 2 x %zu bytes", bufBytes), SHOAL_ERR_NO_MEMORY);
+  // --memory cuda: device twins of both buffers; every rank learns whether all got theirs.
+  char *deviceSend = nullptr, *deviceRecv = nullptr;
+  if (g_memory == SHOAL_MEMORY_CUDA) {
+    std::string why = deviceAlloc(bufBytes, reinterpret_cast<void **>(&deviceSend));
+    if (why.empty()) why = deviceAlloc(bufBytes, reinterpret_cast<void **>(&deviceRecv));
+    int32_t bad = !why.empty();
+    CHECK(plainAllreduce(&bad, 1, SHOAL_I32, SHOAL_MAX));
+    if (bad) {
+      fprintf(stderr, "shoal-bench: rank %d: --memory cuda: %s\n", g_rank, why.empty() ? "another rank failed" : why.c_str());
+      exit(1);
+    }
+  }
+  // The device twin of a host pointer into sendbuf or recvbuf (itself for host memory).
+  auto onDevice = [&](char *p) -> char * {
+    if (!deviceSend) return p;
+    return p >= recvbuf && p < recvbuf + bufBytes ? deviceRecv + (p - recvbuf) : deviceSend + (p - sendbuf);
+  };
+  auto deviceCopy = [&](const std::string &why) {
+    if (!why.empty()) fail("--memory cuda: " + why, SHOAL_ERR_SYSTEM);
+  };
 
   const TypeInfo &ti = kTypes[o.dtype];
   const size_t ts = shoal_dtype_size(o.dtype);
@@ -582,8 +641,14 @@ int main(int argc, char **argv) {
       using Us = std::chrono::duration<double, std::micro>;
       char *s, *r;
       collPointers(x, inPlace, sendbuf, recvbuf, &s, &r);
+      // Inputs are made and checked on the host; for CUDA memory they travel here.
+      auto toDevice = [&] {
+        if (!deviceSend) return;
+        deviceCopy(copyToDevice(onDevice(r), r, x.c.recvCount * ts));
+        deviceCopy(copyToDevice(onDevice(s), s, x.c.sendCount * ts));
+      };
       auto run = [&] {
-        if (shoal_status_t st = coll.runColl(g_comm, s, r, x); st != SHOAL_OK)
+        if (shoal_status_t st = coll.runColl(g_comm, onDevice(s), onDevice(r), x); st != SHOAL_OK)
           fail(format("%s (%s, %zu bytes)", coll.name, kModeTitle[inPlace], row.size), st);
       };
       const bool restore = pristine && inPlace;
@@ -591,11 +656,13 @@ int main(int argc, char **argv) {
       auto restoreInput = [&] {
         if (!restore) return;
         const auto c0 = Clock::now();
-        std::memcpy(s, pristine, x.c.sendCount * ts);
+        if (deviceSend) deviceCopy(copyToDevice(onDevice(s), pristine, x.c.sendCount * ts));
+        else std::memcpy(s, pristine, x.c.sendCount * ts);
         copyUs += Us(Clock::now() - c0).count();
       };
       initData(coll, x, s, r, inPlace, /*forTiming=*/!restore);
       if (restore) std::memcpy(pristine, s, x.c.sendCount * ts);
+      toDevice();
       for (int i = 0; i < o.warmup; ++i) restoreInput(), run();
       CHECK(shoal_barrier(g_comm));
       copyUs = 0;
@@ -610,7 +677,9 @@ int main(int argc, char **argv) {
       b[2] = compressed ? st.wire_bytes : 0, b[3] = compressed;
       if (o.check) {  // one more run, from fresh inputs, verified element by element
         initData(coll, x, s, r, inPlace, /*forTiming=*/false);
+        toDevice();
         run();
+        if (deviceRecv) deviceCopy(copyToHost(r, onDevice(r), x.c.recvCount * ts));
         Check how;  // uncompressed calls are exact
         if (compressed) how = {table->error_kind, table->error_bound};
         wrong[inPlace] = checkData(coll, x, r, how);
@@ -655,6 +724,8 @@ int main(int argc, char **argv) {
   std::free(sendbuf);
   std::free(recvbuf);
   std::free(pristine);
+  deviceFree(deviceSend);
+  deviceFree(deviceRecv);
   CHECK(shoal_comm_finalize(g_comm));
   shoal_comm_destroy(g_comm);
   return totalWrong ? 1 : 0;
