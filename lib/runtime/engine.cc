@@ -15,6 +15,12 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A stop every rank decides in the same cycle from the same data (a stall
+// past SHOAL_STALL_SHUTDOWN_S): no need to abort the transport.
+struct AgreedStop : Error {
+  using Error::Error;
+};
+
 }  // namespace
 
 RuntimeSettings RuntimeSettings::fromEnvironment(double timeoutS) {
@@ -195,6 +201,8 @@ void Engine::loop() {
                                                std::chrono::duration<double>(settings_.cycleS)),
                        [&] { return shutdownRequested_; });
     }
+  } catch (const AgreedStop& stop) {
+    stopWith(stop.status(), fmt::format("the async runtime stopped on every rank: {}", stop.what()));
   } catch (const Error& error) {
     std::string text = fmt::format("the async runtime stopped: {}", error.what());
     if (!comm_.transport->failed()) comm_.transport->abort(text);  // peers must not wait for this rank
@@ -289,7 +297,7 @@ void Engine::fullRound(std::vector<Ready>& ready, Clock::time_point now) {
   for (int r = 0; r < comm_.size; ++r) perRank[r] = decodeAnnouncements(gathered.data() + displs[r], counts[r]);
   Verdict verdict = decide(perRank);
   for (const auto& [name, text] : verdict.errors) finish(*pendingByName_.at(name), SHOAL_ERR_MISMATCH, text);
-  if (auto fatal = stall_->inspect(verdict.partial)) fail(SHOAL_ERR_TIMEOUT, "{}", *fatal);
+  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(SHOAL_ERR_TIMEOUT, *fatal);
   for (const std::string& name : verdict.ready) {
     const auto& request = pendingByName_.at(name);
     ready.push_back({request, false, Clock::now()});
