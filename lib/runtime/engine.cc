@@ -21,6 +21,8 @@ struct AgreedStop : Error {
   using Error::Error;
 };
 
+constexpr double kBlockingProbeS = 0.1;
+
 }  // namespace
 
 RuntimeSettings RuntimeSettings::fromEnvironment(double timeoutS) {
@@ -229,16 +231,21 @@ bool Engine::cycle() {
   std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
   bool needFullRound = false;
   Clock::time_point oldest = start;
+  Clock::time_point oldestBlocking = start;
   for (const auto& request : pending_) {
     oldest = std::min(oldest, request->submitted);
-    int index = cache_->lookup(request->name, request->meta);
+    if (request->meta.kind == OpKind::Blocking) oldestBlocking = request->submitted;
+    int index = cache_->lookup(cacheKey(request->name, request->meta), request->meta);
     if (index < 0) needFullRound = true;
     else words[1 + index / 64] |= uint64_t(1) << (index % 64);
   }
   // A request pending this long is stalled or waits for a late rank: a full
   // round shows every rank which ranks submitted what.
   const double probe = stall_->probeIntervalS();
-  if (!pending_.empty() && seconds(start - oldest) > probe && seconds(start - lastProbe_) > probe) {
+  // Blocking calls are probed sooner: two ranks whose different blocking calls
+  // are both cached wait for each other until a full round shows the mismatch.
+  const bool probeDue = seconds(start - oldest) > probe || seconds(start - oldestBlocking) > kBlockingProbeS;
+  if (!pending_.empty() && probeDue && seconds(start - lastProbe_) > std::min(probe, kBlockingProbeS)) {
     needFullRound = true;
     lastProbe_ = start;
   }
@@ -301,7 +308,7 @@ void Engine::fullRound(std::vector<Ready>& ready, Clock::time_point now) {
   for (const std::string& name : verdict.ready) {
     const auto& request = pendingByName_.at(name);
     ready.push_back({request, false, Clock::now()});
-    cache_->put(name, request->meta, cycle_);
+    cache_->put(cacheKey(name, request->meta), name, request->meta, cycle_);
   }
 }
 

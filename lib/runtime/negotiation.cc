@@ -8,15 +8,19 @@
 
 namespace shoal::runtime {
 
-int ResponseCache::lookup(const std::string& name, const Metadata& meta) const {
-  auto found = index_.find(name);
+std::string cacheKey(const std::string& name, const Metadata& meta) {
+  return meta.kind == OpKind::Blocking ? name + "/" + meta.call : name;
+}
+
+int ResponseCache::lookup(const std::string& key, const Metadata& meta) const {
+  auto found = index_.find(key);
   if (found == index_.end() || !(entries_[found->second].meta == meta)) return -1;
   return static_cast<int>(found->second);
 }
 
-void ResponseCache::put(const std::string& name, const Metadata& meta, uint64_t cycle) {
+void ResponseCache::put(const std::string& key, const std::string& name, const Metadata& meta, uint64_t cycle) {
   if (capacity_ == 0) return;
-  auto found = index_.find(name);
+  auto found = index_.find(key);
   if (found != index_.end()) {
     entries_[found->second].meta = meta;
     entries_[found->second].lastUsed = cycle;
@@ -29,10 +33,10 @@ void ResponseCache::put(const std::string& name, const Metadata& meta, uint64_t 
     slot = 0;
     for (size_t i = 1; i < entries_.size(); ++i)
       if (entries_[i].lastUsed < entries_[slot].lastUsed) slot = i;
-    index_.erase(entries_[slot].name);
+    index_.erase(entries_[slot].key);
   }
-  entries_[slot] = {name, meta, cycle};
-  index_[name] = slot;
+  entries_[slot] = {key, name, meta, cycle};
+  index_[key] = slot;
 }
 
 std::string encodeAnnouncements(const std::vector<Announcement>& announcements) {

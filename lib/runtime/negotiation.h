@@ -23,22 +23,28 @@ namespace shoal::runtime {
 // Names whose responses were negotiated before, with their metadata, so the
 // same request next step needs only its bit. Every rank updates its cache with
 // the same calls in the same order, so the caches stay identical.
+//
+// Entries are keyed by cacheKey(): the name, except for blocking calls, which
+// all travel under kBlockingName and get one entry per C call, so a loop that
+// alternates shoal_barrier and shoal_allreduce stays on the fast path.
 class ResponseCache {
  public:
   explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
-  // The entry's index if `name` is cached with exactly `meta`, else -1.
-  int lookup(const std::string& name, const Metadata& meta) const;
+  // The entry's index if `key` is cached with exactly `meta`, else -1.
+  int lookup(const std::string& key, const Metadata& meta) const;
   // Entries (bits) in use; never more than the capacity.
   size_t slots() const { return entries_.size(); }
+  // The request name of an entry.
   const std::string& nameAt(size_t index) const { return entries_[index].name; }
   // Records a negotiated response: updates its entry, or takes a free one, or
   // replaces the least recently used (ties: lowest index). `cycle` is the
   // negotiation cycle, the same number on every rank.
-  void put(const std::string& name, const Metadata& meta, uint64_t cycle);
+  void put(const std::string& key, const std::string& name, const Metadata& meta, uint64_t cycle);
   void touch(size_t index, uint64_t cycle) { entries_[index].lastUsed = cycle; }
 
  private:
   struct Entry {
+    std::string key;
     std::string name;
     Metadata meta;
     uint64_t lastUsed = 0;
@@ -47,6 +53,8 @@ class ResponseCache {
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t> index_;
 };
+
+std::string cacheKey(const std::string& name, const Metadata& meta);
 
 // A pending request as one rank announces it in a full round.
 struct Announcement {

@@ -359,6 +359,21 @@ TEST(Async, BlockingCallsMixWithPendingRequests) {
   });
 }
 
+TEST(Async, AlternatingBlockingCallsStayOnTheCacheFastPath) {
+  runRanks(3, [&](int rank, shoal_comm_t comm) {
+    ASSERT_TRUE(callOk(shoal_async_start(comm), comm, "start"));
+    uint64_t fullRounds = 0;
+    for (int i = 0; i < 6; ++i) {
+      if (i == 2) fullRounds = asyncStats(comm).full_rounds;  // both calls negotiated once by now
+      ASSERT_TRUE(callOk(shoal_barrier(comm), comm, "barrier"));
+      double value = rank;
+      ASSERT_TRUE(callOk(shoal_allreduce(comm, &value, &value, 1, SHOAL_F64, SHOAL_SUM), comm, "allreduce"));
+      EXPECT_EQ(value, 3.0);
+    }
+    EXPECT_EQ(asyncStats(comm).full_rounds, fullRounds) << "rank " << rank;
+  });
+}
+
 TEST(Async, AllgatherAndBroadcast) {
   constexpr int kRanks = 4;
   runRanks(kRanks, [&](int rank, shoal_comm_t comm) {

@@ -82,23 +82,34 @@ TEST(Negotiation, AnnouncementsSurviveEncoding) {
 TEST(ResponseCache, HitsNeedEqualMetadataAndEvictionIsLeastRecentlyUsed) {
   ResponseCache cache(2);
   Metadata m = allreduce(SHOAL_F32, {4});
-  cache.put("a", m, 1);
-  cache.put("b", m, 2);
+  cache.put("a", "a", m, 1);
+  cache.put("b", "b", m, 2);
   EXPECT_EQ(cache.lookup("a", m), 0);
   EXPECT_EQ(cache.lookup("b", m), 1);
   EXPECT_EQ(cache.lookup("a", allreduce(SHOAL_F32, {5})), -1) << "other metadata: not a hit";
   cache.touch(0, 3);  // a used more recently than b
-  cache.put("c", m, 4);
+  cache.put("c", "c", m, 4);
   EXPECT_EQ(cache.slots(), 2u);
   EXPECT_EQ(cache.lookup("b", m), -1) << "b was the least recently used";
   EXPECT_EQ(cache.lookup("c", m), 1) << "c takes b's slot";
   EXPECT_EQ(cache.lookup("a", m), 0);
-  cache.put("a", allreduce(SHOAL_F32, {9}), 5);  // renegotiated with new metadata: same slot
+  cache.put("a", "a", allreduce(SHOAL_F32, {9}), 5);  // renegotiated with new metadata: same slot
   EXPECT_EQ(cache.lookup("a", allreduce(SHOAL_F32, {9})), 0);
   ResponseCache none(0);
-  none.put("a", m, 1);
+  none.put("a", "a", m, 1);
   EXPECT_EQ(none.slots(), 0u);
   EXPECT_EQ(none.lookup("a", m), -1);
+  // Blocking calls share a name but get an entry per C call.
+  Metadata barrier, allreduceCall;
+  barrier.kind = allreduceCall.kind = OpKind::Blocking;
+  barrier.call = "shoal_barrier";
+  allreduceCall.call = "shoal_allreduce";
+  ResponseCache calls(4);
+  calls.put(cacheKey(kBlockingName, barrier), kBlockingName, barrier, 1);
+  calls.put(cacheKey(kBlockingName, allreduceCall), kBlockingName, allreduceCall, 2);
+  EXPECT_EQ(calls.lookup(cacheKey(kBlockingName, barrier), barrier), 0);
+  EXPECT_EQ(calls.lookup(cacheKey(kBlockingName, allreduceCall), allreduceCall), 1);
+  EXPECT_EQ(calls.nameAt(1), kBlockingName);
 }
 
 std::vector<Ready> readyOf(const std::vector<Metadata>& metas, const std::vector<bool>& compress) {
