@@ -15,7 +15,10 @@
 //     metadata allgatherv of full rounds) during the step;
 //   cycles/step, collectives/step (fused groups count once) and full rounds
 //     during the timed steps (0 in steady state: the response cache's bits
-//     negotiate everything).
+//     negotiate everything);
+//   idle cycle: the mean negotiation time of a cycle with nothing to do,
+//     measured over 0.5 s after the steps (one bitwise allreduce; the per-step
+//     figure adds the wait for the slowest rank to reach the cycle).
 // --shrink K divides every tensor's first dimension by K (default 1: real shapes).
 #include <algorithm>
 #include <chrono>
@@ -25,6 +28,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "resnet50_shapes.h"
@@ -56,7 +60,7 @@ struct Options {
 };
 
 struct Row {
-  double stepS = 0, negotiationUs = 0, cycles = 0, groups = 0;
+  double stepS = 0, negotiationUs = 0, cycles = 0, groups = 0, idleCycleUs = 0;
   uint64_t fullRounds = 0;
 };
 
@@ -116,8 +120,15 @@ Row runConfig(const Options& options) {
     groups.push_back(static_cast<double>(after.groups - before.groups));
     fullRounds += after.full_rounds - before.full_rounds;
   }
+  shoal_async_stats_t idleBefore = SHOAL_ASYNC_STATS_INIT, idleAfter = SHOAL_ASYNC_STATS_INIT;
+  check(shoal_barrier(comm), comm, "shoal_barrier");
+  check(shoal_async_stats(comm, &idleBefore), comm, "shoal_async_stats");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  check(shoal_async_stats(comm, &idleAfter), comm, "shoal_async_stats");
+  double idleCycles = static_cast<double>(idleAfter.cycles - idleBefore.cycles);
+  double idleCycleUs = idleCycles > 0 ? (idleAfter.negotiation_us - idleBefore.negotiation_us) / idleCycles : 0;
   check(shoal_comm_destroy(comm), nullptr, "shoal_comm_destroy");
-  return {median(times), median(negotiation), median(cycles), median(groups), fullRounds};
+  return {median(times), median(negotiation), median(cycles), median(groups), idleCycleUs, fullRounds};
 }
 
 }  // namespace
@@ -158,16 +169,17 @@ int main(int argc, char** argv) {
                 kTensors, static_cast<long long>(options.shrink), sizeText ? sizeText : "1", options.compressor.c_str(),
                 options.copts.empty() ? "" : " ", options.copts.c_str(), options.warmup, options.steps,
                 std::getenv("SHOAL_CYCLE_TIME_MS") ? std::getenv("SHOAL_CYCLE_TIME_MS") : "1 (default)");
-    std::printf("| SHOAL_FUSION_THRESHOLD | steps/s | time/step (ms) | negotiation (us/step) | cycles/step | collectives/step | full rounds (timed) |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| SHOAL_FUSION_THRESHOLD | steps/s | time/step (ms) | negotiation (us/step) | cycles/step | collectives/step | full rounds (timed) | idle cycle (us) |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
   }
   const char* threshold = std::getenv("SHOAL_FUSION_THRESHOLD");
   std::string label = threshold == nullptr || threshold[0] == '\0' ? "134217728 (default)" : threshold;
   Row row = runConfig(options);
   if (rankZero) {
-    std::printf("| %s | %.2f | %.1f | %.0f | %.0f | %.0f | %llu |\n", label.c_str(), 1 / row.stepS, row.stepS * 1e3,
-                row.negotiationUs, row.cycles, row.groups, static_cast<unsigned long long>(row.fullRounds));
+    std::printf("| %s | %.2f | %.1f | %.0f | %.0f | %.0f | %llu | %.0f |\n", label.c_str(), 1 / row.stepS,
+                row.stepS * 1e3, row.negotiationUs, row.cycles, row.groups,
+                static_cast<unsigned long long>(row.fullRounds), row.idleCycleUs);
     std::fflush(stdout);
   }
   return 0;
