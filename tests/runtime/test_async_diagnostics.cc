@@ -66,6 +66,7 @@ TEST(Timeline, IsValidJsonWithEveryPhasePerTensor) {
       shoal_tensor_t bcast = tensorOf(shared.data(), SHOAL_F32, {9});
       ASSERT_TRUE(callOk(shoal_ibroadcast(comm, "shared", &bcast, 1, &requests[n++]), comm, "bcast"));
       waitAndFree(requests, kWaitS, "timeline step");
+      EXPECT_TRUE(callOk(shoal_barrier(comm), comm, "barrier"));  // a blocking call, run by the engine
       EXPECT_EQ(plain[0][0], 3.0f);
       EXPECT_EQ(cast[0][0], 2.0f);
     });
@@ -113,6 +114,7 @@ TEST(Timeline, IsValidJsonWithEveryPhasePerTensor) {
   }
   for (const char* phase : {"NEGOTIATE", "QUEUE", "ALLGATHER"}) EXPECT_TRUE(phases["gathered"].count(phase)) << phase;
   for (const char* phase : {"NEGOTIATE", "QUEUE", "BROADCAST"}) EXPECT_TRUE(phases["shared"].count(phase)) << phase;
+  EXPECT_TRUE(phases["__shoal_blocking_call"].count("BLOCKING_CALL"));
   std::filesystem::remove(path);
 }
 
