@@ -226,6 +226,92 @@ shoal_status_t shoal_op_from_name(const char *name, shoal_op_t *op);
  * markdown != 0 prints a Markdown table (the README's table is made this way). */
 shoal_status_t shoal_config_print(FILE *out, int markdown);
 
+/* ==== async runtime: named, negotiated, fused collectives ================
+ *
+ * Horovod-style (docs/runtime.md). Submitting only enqueues a request; one
+ * background thread per communicator owns all communication. Each cycle
+ * (SHOAL_CYCLE_TIME_MS) the ranks agree which NAMED tensors every rank has
+ * submitted, in one order (ranks may submit in different orders), fuse ready
+ * allreduces with the same dtype/op/compressor up to SHOAL_FUSION_THRESHOLD
+ * bytes, run them, and complete the requests.
+ *
+ *  - Names identify a tensor across ranks; every rank must submit a name with
+ *    the same collective, dtype, shape, op, root and compressor, else every
+ *    rank's request for it fails with SHOAL_ERR_MISMATCH naming what differs.
+ *    A name still in flight on this rank cannot be submitted again
+ *    (SHOAL_ERR_INVALID_ARGUMENT).
+ *  - The caller keeps input and output memory valid and untouched until the
+ *    request completes (also after a shoal_wait that timed out).
+ *  - The first async call on a communicator (or shoal_async_start) starts the
+ *    runtime: a collective step, so every rank must make it after the same
+ *    blocking calls. From then on blocking calls (shoal_allreduce, ...) are
+ *    handed to the runtime and negotiated too, so they may be mixed with
+ *    async requests; make them from one thread at a time.
+ *  - A dead rank, a failed collective or SHOAL_STALL_SHUTDOWN_S turns every
+ *    pending and later request into an error with text, never a hang.
+ *  - shoal_comm_finalize/destroy stop the runtime on every rank: requests
+ *    still pending anywhere fail.
+ */
+
+typedef struct shoal_request *shoal_request_t;
+
+/* Per-call options of shoal_iallreduce; start from SHOAL_ASYNC_OPTIONS_INIT.
+ * Averaging: pass op = SHOAL_AVG. */
+typedef struct shoal_async_options {
+  size_t struct_size;
+  const char *compressor;         /* NULL = SHOAL_COMPRESSOR; "none" = uncompressed */
+  const char *compressor_options; /* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS */
+  long long compress_min_bytes;   /* smaller tensors go uncompressed; < 0 = SHOAL_COMPRESS_MIN_BYTES */
+} shoal_async_options_t;
+
+#define SHOAL_ASYNC_OPTIONS_INIT {sizeof(shoal_async_options_t), NULL, NULL, -1}
+
+/* Starts the runtime now (optional: the first async call does it). Collective. */
+shoal_status_t shoal_async_start(shoal_comm_t comm);
+
+/* Allreduce of a named host tensor (output may equal input). Any op valid for
+ * the dtype; only SHOAL_SUM/SHOAL_AVG of dtypes the compressor takes compress. */
+shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char *name, const shoal_tensor_t *input,
+                                const shoal_tensor_t *output, shoal_op_t op, const shoal_async_options_t *options,
+                                shoal_request_t *request);
+/* Every rank's input (same dtype and shape on every rank) into output, which
+ * holds world_size x the input's elements, rank r's at r x count. */
+shoal_status_t shoal_iallgather(shoal_comm_t comm, const char *name, const shoal_tensor_t *input, void *output,
+                                shoal_request_t *request);
+/* Root's tensor->data is copied into every rank's tensor->data. */
+shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal_tensor_t *tensor, int root,
+                                shoal_request_t *request);
+
+/* *done = 1 once the request completed; then returns its status (its text:
+ * shoal_request_error). While pending: *done = 0 and SHOAL_OK. */
+shoal_status_t shoal_test(shoal_request_t request, int *done);
+/* Waits until the request completes or timeout_s passes (<= 0: the
+ * communicator's SHOAL_TIMEOUT_S); returns its status, or SHOAL_ERR_TIMEOUT
+ * with the request still pending. */
+shoal_status_t shoal_wait(shoal_request_t request, double timeout_s);
+/* Waits for all count requests within one deadline; returns SHOAL_OK or the
+ * first failing request's status (shoal_last_error(NULL) names it). */
+shoal_status_t shoal_wait_all(shoal_request_t *requests, int count, double timeout_s);
+/* The text of a failed request; "" while pending or after success. */
+const char *shoal_request_error(shoal_request_t request);
+/* Frees a completed request (SHOAL_ERR_INVALID_ARGUMENT while pending). NULL is accepted. */
+shoal_status_t shoal_request_free(shoal_request_t request);
+
+/* What the runtime did so far (benchmarks, tests). */
+typedef struct shoal_async_stats {
+  size_t struct_size;
+  uint64_t cycles;            /* negotiation cycles (each one small bitwise allreduce) */
+  uint64_t full_rounds;       /* cycles that also allgathered request metadata (uncached names, stall probes) */
+  uint64_t cache_hits;        /* requests made ready by the response cache's bits alone */
+  uint64_t tensors;           /* requests that ran */
+  uint64_t groups;            /* collectives (or compressor operations) they ran in; fused groups count once */
+  double negotiation_us;      /* time spent negotiating, summed over cycles */
+} shoal_async_stats_t;
+
+#define SHOAL_ASYNC_STATS_INIT {sizeof(shoal_async_stats_t), 0, 0, 0, 0, 0, 0.0}
+
+shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_stats_t *stats);
+
 #ifdef __cplusplus
 }
 #endif

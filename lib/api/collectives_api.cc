@@ -9,6 +9,7 @@
 #include "api/run.h"
 #include "plugin/driver.h"
 #include "collectives/collectives.h"
+#include "runtime/blocking.h"
 
 namespace shoal {
 namespace {
@@ -127,15 +128,17 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
   return guarded(comm, [&] {
     const char* call = "shoal_allreduce";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;
-    checkDtypeOp(call, dtype, op);
-    size_t bytes = checkedBytes(call, "count", count, dtype);
-    checkBuffer(call, "sendbuf", sendbuf, bytes);
-    checkBuffer(call, "recvbuf", recvbuf, bytes);
-    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-    shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
-    shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
-    allreduceTensor(c, sequence, input, output, op, nullptr);
+    runtime::blockingCall(c, call, [&] {
+      const uint64_t sequence = c.sequence++;
+      checkDtypeOp(call, dtype, op);
+      size_t bytes = checkedBytes(call, "count", count, dtype);
+      checkBuffer(call, "sendbuf", sendbuf, bytes);
+      checkBuffer(call, "recvbuf", recvbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+      shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
+      shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
+      allreduceTensor(c, sequence, input, output, op, nullptr);
+    });
   });
 }
 
@@ -145,205 +148,226 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
   return guarded(comm, [&] {
     const char* call = "shoal_allreduce_tensor";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;
-    if (input == nullptr || output == nullptr)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-    shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-    // Memory kinds are checked again by the driver, which routes the call.
-    MemoryRoute route = routeOf(call, {input, output});
-    checkCudaArguments(c, sequence, route, [&] {
-      if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
-             options->struct_size);
-      if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
-      checkDtypeOp(call, input->dtype, op);
-      if (output->dtype != input->dtype)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
-             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-      size_t count = 1;
-      for (const shoal_tensor_t* tensor : {input, output}) {
-        if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
-        size_t elements = 1;
-        for (int d = 0; d < tensor->ndim; ++d) {
-          if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
-          elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
+    runtime::blockingCall(c, call, [&] {
+      const uint64_t sequence = c.sequence++;
+      if (input == nullptr || output == nullptr)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+      shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
+      // Memory kinds are checked again by the driver, which routes the call.
+      MemoryRoute route = routeOf(call, {input, output});
+      checkCudaArguments(c, sequence, route, [&] {
+        if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
+               options->struct_size);
+        if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+        checkDtypeOp(call, input->dtype, op);
+        if (output->dtype != input->dtype)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+               shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+        size_t count = 1;
+        for (const shoal_tensor_t* tensor : {input, output}) {
+          if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
+            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
+          size_t elements = 1;
+          for (int d = 0; d < tensor->ndim; ++d) {
+            if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
+            elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
+          }
+          count = elements;
         }
-        count = elements;
-      }
-      if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
-             call, plugin::elementsCount(*input), plugin::elementsCount(*output));
-      size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
-      checkBuffer(call, "input->data", input->data, bytes);
-      checkBuffer(call, "output->data", output->data, bytes);
-      checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
+        if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
+               call, plugin::elementsCount(*input), plugin::elementsCount(*output));
+        size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
+        checkBuffer(call, "input->data", input->data, bytes);
+        checkBuffer(call, "output->data", output->data, bytes);
+        checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
+      });
+      allreduceTensor(c, sequence, *input, *output, op, &resolved);
     });
-    allreduceTensor(c, sequence, *input, *output, op, &resolved);
   });
 }
 
-SHOAL_EXPORT shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
-                                                   const shoal_tensor_t* output) {
-  const char* call = "shoal_allgather_tensor";
-  size_t count = 0;
-  bool host = false;
-  shoal_status_t status = guarded(comm, [&] {
-    shoal_comm& c = usableComm(comm, call);
-    if (input == nullptr || output == nullptr) {
-      c.sequence++;  // a refused call still takes its number (see runCollective)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-    }
-    MemoryRoute route = routeOf(call, {input, output});
-    auto checks = [&] {
-      count = checkedElements(call, "input", input);
-      size_t outputCount = checkedElements(call, "output", output);
-      checkDtype(call, input->dtype);
-      if (output->dtype != input->dtype)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
-             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-      size_t bytes = checkedBytes(call, "input elements x world size", count, input->dtype, c.size) / c.size;
-      if (outputCount != count * c.size)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output has {} elements; it must hold world size x input = {}", call,
-             outputCount, count * c.size);
-      checkBuffer(call, "input->data", input->data, bytes);
-      checkBuffer(call, "output->data", output->data, bytes * c.size);
-      const uint8_t* inPlace = static_cast<const uint8_t*>(output->data) + c.rank * bytes;
-      checkNoPartialOverlap(call, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
-    };
-    if (!route.cuda) {
-      try {
-        checks();
-      } catch (const Error&) {
-        c.sequence++;
-        throw;
-      }
-      host = true;  // shoal_allgather takes the call's number
-      return;
-    }
-    const uint64_t sequence = c.sequence++;
-    checkCudaArguments(c, sequence, route, checks);
-    checkCudaReady(c, call, route);
-    cudaAllgather(c, sequence, route, input->data, output->data, count, input->dtype);
-  });
-  if (status != SHOAL_OK || !host) return status;
-  return shoal_allgather(comm, input->data, output->data, count, input->dtype);
+namespace {
+
+// shoal_allgatherv's work after its entry checks; shoal_allgather's too.
+void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t sendcount, void* recvbuf,
+                    const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype) {
+  const uint64_t sequence = c.sequence++;
+  checkDtype(call, dtype);
+  if (recvcounts == nullptr)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", call);
+  if (recvcounts[c.rank] != sendcount)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {}; they must be equal", call,
+         sendcount, c.rank, recvcounts[c.rank]);
+  size_t element = dtypeSize(dtype), totalBytes = 0, end = 0;
+  for (int r = 0; r < c.size; ++r) {
+    size_t bytes = checkedBytes(call, "recvcounts[r]", recvcounts[r], dtype);
+    size_t place = displs ? checkedBytes(call, "displs[r]", displs[r], dtype) : totalBytes;
+    if (std::numeric_limits<size_t>::max() - totalBytes < bytes || std::numeric_limits<size_t>::max() - place < bytes)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts/displs overflow the addressable size", call);
+    totalBytes += bytes;
+    end = std::max(end, place + bytes);
+  }
+  size_t sendBytes = sendcount * element;
+  checkBuffer(call, "sendbuf", sendbuf, sendBytes);
+  checkBuffer(call, "recvbuf", recvbuf, end);
+  uint8_t* ownPlace = static_cast<uint8_t*>(recvbuf) + (displs ? displs[c.rank] : [&] {
+    size_t packed = 0;
+    for (int r = 0; r < c.rank; ++r) packed += recvcounts[r];
+    return packed;
+  }()) * element;
+  checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
+  if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
+  if (totalBytes == 0) return emptyCall(c, sequence);
+  // Every rank forwards every block: one tag per segment and step.
+  Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
+  runCollective(c, sequence, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
 }
 
-SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t* tensor, int root) {
-  const char* call = "shoal_broadcast_tensor";
-  size_t count = 0;
-  bool host = false;
-  shoal_status_t status = guarded(comm, [&] {
-    shoal_comm& c = usableComm(comm, call);
-    if (tensor == nullptr) {
-      c.sequence++;
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensor is NULL", call);
-    }
-    MemoryRoute route = routeOf(call, {tensor});
-    auto checks = [&] {
-      count = checkedElements(call, "tensor", tensor);
-      checkDtype(call, tensor->dtype);
-      checkBuffer(call, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
-      if (root < 0 || root >= c.size)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
-    };
-    if (!route.cuda) {
-      try {
-        checks();
-      } catch (const Error&) {
-        c.sequence++;
-        throw;
-      }
-      host = true;  // shoal_broadcast takes the call's number
-      return;
-    }
-    const uint64_t sequence = c.sequence++;
-    checkCudaArguments(c, sequence, route, checks);
-    checkCudaReady(c, call, route);
-    cudaBroadcast(c, sequence, route, tensor->data, tensor->data, count, tensor->dtype, root);
-  });
-  if (status != SHOAL_OK || !host) return status;
-  return shoal_broadcast(comm, tensor->data, tensor->data, count, tensor->dtype, root);
-}
+}  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* sendbuf, size_t sendcount, void* recvbuf,
                                              const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype) {
   return guarded(comm, [&] {
     const char* call = "shoal_allgatherv";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;
-    checkDtype(call, dtype);
-    if (recvcounts == nullptr)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", call);
-    if (recvcounts[c.rank] != sendcount)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {}; they must be equal", call,
-           sendcount, c.rank, recvcounts[c.rank]);
-    size_t element = dtypeSize(dtype), totalBytes = 0, end = 0;
-    for (int r = 0; r < c.size; ++r) {
-      size_t bytes = checkedBytes(call, "recvcounts[r]", recvcounts[r], dtype);
-      size_t place = displs ? checkedBytes(call, "displs[r]", displs[r], dtype) : totalBytes;
-      if (std::numeric_limits<size_t>::max() - totalBytes < bytes || std::numeric_limits<size_t>::max() - place < bytes)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts/displs overflow the addressable size", call);
-      totalBytes += bytes;
-      end = std::max(end, place + bytes);
-    }
-    size_t sendBytes = sendcount * element;
-    checkBuffer(call, "sendbuf", sendbuf, sendBytes);
-    checkBuffer(call, "recvbuf", recvbuf, end);
-    uint8_t* ownPlace = static_cast<uint8_t*>(recvbuf) + (displs ? displs[c.rank] : [&] {
-      size_t packed = 0;
-      for (int r = 0; r < c.rank; ++r) packed += recvcounts[r];
-      return packed;
-    }()) * element;
-    checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
-    if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
-    if (totalBytes == 0) return emptyCall(c, sequence);
-    // Every rank forwards every block: one tag per segment and step.
-    Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
-    runCollective(c, sequence, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
+    runtime::blockingCall(c, call, [&] { allgathervBody(c, call, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype); });
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allgather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                                             shoal_dtype_t dtype) {
-  // shoal_allgatherv checks the rest and takes the call's sequence number;
-  // a refusal here takes it instead.
-  shoal_status_t status = guarded(comm, [&] {
-    shoal_comm& c = usableComm(comm, "shoal_allgather");
-    try {
-      checkDtype("shoal_allgather", dtype);
-      checkedBytes("shoal_allgather", "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
-    } catch (const Error&) {
-      c.sequence++;
-      throw;
-    }
+  return guarded(comm, [&] {
+    const char* call = "shoal_allgather";
+    shoal_comm& c = usableComm(comm, call);
+    runtime::blockingCall(c, call, [&] {
+      // allgathervBody checks the rest and takes the call's sequence number;
+      // a refusal here takes it instead.
+      try {
+        checkDtype(call, dtype);
+        checkedBytes(call, "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
+      } catch (const Error&) {
+        c.sequence++;
+        throw;
+      }
+      std::vector<size_t> counts(static_cast<size_t>(c.size), sendcount);
+      allgathervBody(c, call, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
+    });
   });
-  if (status != SHOAL_OK) return status;
-  std::vector<size_t> counts(static_cast<size_t>(comm->size), sendcount);
-  return shoal_allgatherv(comm, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
 }
+
+namespace {
+
+// shoal_broadcast's work after its entry; shoal_broadcast_tensor's host path too.
+void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* recvbuf, size_t count,
+                   shoal_dtype_t dtype, int root) {
+  const uint64_t sequence = c.sequence++;
+  checkDtype(call, dtype);
+  if (root < 0 || root >= c.size)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+  size_t bytes = checkedBytes(call, "count", count, dtype);
+  if (c.rank == root) checkBuffer(call, "sendbuf (on root)", sendbuf, bytes);
+  checkBuffer(call, "recvbuf", recvbuf, bytes);
+  if (c.rank == root) {
+    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+    if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
+  }
+  if (bytes == 0) return emptyCall(c, sequence);
+  bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
+  runCollective(c, sequence, [&](Context& context) {
+    tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
+  });
+}
+
+}  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_broadcast(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                             shoal_dtype_t dtype, int root) {
   return guarded(comm, [&] {
     const char* call = "shoal_broadcast";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;
-    checkDtype(call, dtype);
-    if (root < 0 || root >= c.size)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
-    size_t bytes = checkedBytes(call, "count", count, dtype);
-    if (c.rank == root) checkBuffer(call, "sendbuf (on root)", sendbuf, bytes);
-    checkBuffer(call, "recvbuf", recvbuf, bytes);
-    if (c.rank == root) {
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-      if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
-    }
-    if (bytes == 0) return emptyCall(c, sequence);
-    bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
-    runCollective(c, sequence, [&](Context& context) {
-      tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
+    runtime::blockingCall(c, call, [&] { broadcastBody(c, call, sendbuf, recvbuf, count, dtype, root); });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                   const shoal_tensor_t* output) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_allgather_tensor";
+    shoal_comm& c = usableComm(comm, call);
+    runtime::blockingCall(c, call, [&] {
+      if (input == nullptr || output == nullptr) {
+        c.sequence++;  // a refused call still takes its number (see runCollective)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+      }
+      size_t count = 0;
+      MemoryRoute route = routeOf(call, {input, output});
+      auto checks = [&] {
+        count = checkedElements(call, "input", input);
+        size_t outputCount = checkedElements(call, "output", output);
+        checkDtype(call, input->dtype);
+        if (output->dtype != input->dtype)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+               shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+        size_t bytes = checkedBytes(call, "input elements x world size", count, input->dtype, c.size) / c.size;
+        if (outputCount != count * c.size)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output has {} elements; it must hold world size x input = {}", call,
+               outputCount, count * c.size);
+        checkBuffer(call, "input->data", input->data, bytes);
+        checkBuffer(call, "output->data", output->data, bytes * c.size);
+        const uint8_t* inPlace = static_cast<const uint8_t*>(output->data) + c.rank * bytes;
+        checkNoPartialOverlap(call, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
+      };
+      if (!route.cuda) {
+        try {
+          checks();
+        } catch (const Error&) {
+          c.sequence++;
+          throw;
+        }
+        std::vector<size_t> counts(static_cast<size_t>(c.size), count);
+        return allgathervBody(c, call, input->data, count, output->data, counts.data(), nullptr, input->dtype);
+      }
+      const uint64_t sequence = c.sequence++;
+      checkCudaArguments(c, sequence, route, checks);
+      checkCudaReady(c, call, route);
+      cudaAllgather(c, sequence, route, input->data, output->data, count, input->dtype);
+    });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t* tensor, int root) {
+  return guarded(comm, [&] {
+    const char* call = "shoal_broadcast_tensor";
+    shoal_comm& c = usableComm(comm, call);
+    runtime::blockingCall(c, call, [&] {
+      if (tensor == nullptr) {
+        c.sequence++;
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensor is NULL", call);
+      }
+      size_t count = 0;
+      MemoryRoute route = routeOf(call, {tensor});
+      auto checks = [&] {
+        count = checkedElements(call, "tensor", tensor);
+        checkDtype(call, tensor->dtype);
+        checkBuffer(call, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
+        if (root < 0 || root >= c.size)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+      };
+      if (!route.cuda) {
+        try {
+          checks();
+        } catch (const Error&) {
+          c.sequence++;
+          throw;
+        }
+        return broadcastBody(c, call, tensor->data, tensor->data, count, tensor->dtype, root);
+      }
+      const uint64_t sequence = c.sequence++;
+      checkCudaArguments(c, sequence, route, checks);
+      checkCudaReady(c, call, route);
+      cudaBroadcast(c, sequence, route, tensor->data, tensor->data, count, tensor->dtype, root);
     });
   });
 }
@@ -353,33 +377,37 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
   return guarded(comm, [&] {
     const char* call = "shoal_reduce_scatter";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;
-    checkDtypeOp(call, dtype, op);
-    size_t totalBytes = checkedBytes(call, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
-    size_t bytes = recvcount * dtypeSize(dtype);
-    checkBuffer(call, "sendbuf", sendbuf, totalBytes);
-    checkBuffer(call, "recvbuf", recvbuf, bytes);
-    const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
-    checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
-    if (recvcount == 0) return emptyCall(c, sequence);
-    Reducer reducer(dtype, op);
-    // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
-    // The ring writes partial sums of every block: into scratch, so sendbuf
-    // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
-    uint8_t* work = c.scratch.get(2, totalBytes);
-    Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-    runCollective(c, sequence, [&](Context& context) {
-      ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
+    runtime::blockingCall(c, call, [&] {
+      const uint64_t sequence = c.sequence++;
+      checkDtypeOp(call, dtype, op);
+      size_t totalBytes = checkedBytes(call, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
+      size_t bytes = recvcount * dtypeSize(dtype);
+      checkBuffer(call, "sendbuf", sendbuf, totalBytes);
+      checkBuffer(call, "recvbuf", recvbuf, bytes);
+      const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
+      checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+      if (recvcount == 0) return emptyCall(c, sequence);
+      Reducer reducer(dtype, op);
+      // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
+      // The ring writes partial sums of every block: into scratch, so sendbuf
+      // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
+      uint8_t* work = c.scratch.get(2, totalBytes);
+      Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
+      runCollective(c, sequence, [&](Context& context) {
+        ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
+      });
+      if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
+      reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
+      std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
     });
-    if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
-    reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
-    std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_barrier");
-    runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
+    runtime::blockingCall(c, "shoal_barrier", [&] {
+      runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
+    });
   });
 }

@@ -145,6 +145,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   }
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
+  comm->engine = std::make_unique<runtime::Engine>(*comm);  // its thread starts with the first async call
   return comm;
 }
 
@@ -182,6 +183,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_
     if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: comm is NULL");
     if (comm->finalized) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: already finalized");
     comm->finalized = true;
+    if (comm->engine) comm->engine->shutdown();
     comm->nccl.reset();
     comm->transport.reset();
     comm->store.reset();
@@ -191,6 +193,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_
 __attribute__((visibility("default"))) shoal_status_t shoal_comm_destroy(shoal_comm_t comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) return;
+    if (comm->engine) comm->engine->shutdown();
     comm->nccl.reset();
     comm->transport.reset();
     comm->store.reset();

@@ -8,6 +8,7 @@
 #include "bootstrap/store.h"
 #include "collectives/common/context.h"
 #include "plugin/driver.h"
+#include "runtime/engine.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
 #include "transport/transport.h"
@@ -33,6 +34,7 @@ struct shoal_comm {
   shoal::plugin::CompressStats lastStats;
   std::string lastError;
   bool finalized = false;
+  std::unique_ptr<shoal::runtime::Engine> engine;  // the async runtime (lib/runtime); declared last: stops first
 };
 
 namespace shoal {

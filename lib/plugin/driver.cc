@@ -128,13 +128,15 @@ struct GatherSpace {
 };
 
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route);
+               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route,
+               const plugin::RoundObserver* observer);
 
 // route.refusal != OK: this rank cannot run the call on its tensors' memory;
 // start() is skipped and the refusal reaches every rank through the agreement.
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                    std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
-                   plugin::CompressStats& stats, const MemoryRoute& route) {
+                   plugin::CompressStats& stats, const MemoryRoute& route,
+                   const plugin::RoundObserver* observer = nullptr) {
   const shoal_compressor_t& table = instance.table();
   char errorText[512] = {};
   shoal_compress_op_t operation{};
@@ -172,7 +174,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   // alone (a compressor bug, a payload the transport refuses) must reach them
   // at once, so it aborts the communicator as a failed collective does.
   try {
-    runRounds(comm, instance, operation, opState, errorText, stats, route);
+    runRounds(comm, instance, operation, opState, errorText, stats, route, observer);
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
@@ -184,8 +186,12 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
 // Payloads of an op on CUDA tensors are device memory: their collectives run
 // over NCCL on the input's stream (see include/shoal/compressor.h).
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route) {
+               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route,
+               const plugin::RoundObserver* observer) {
   const shoal_compressor_t& table = instance.table();
+  auto observe = [&](const char* phase, int index, uint64_t bytes, Clock::time_point begin) {
+    if (observer) (*observer)(plugin::RoundEvent{phase, index, bytes, begin, Clock::now()});
+  };
   auto failed = [&](shoal_status_t status, const std::string& stage) {
     fail(status, "compressor {} failed in {}: {}", table.name, stage, errorText[0] ? errorText : shoal_status_string(status));
   };
@@ -195,14 +201,17 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
     shoal_round_t round{};
     round.struct_size = sizeof round;
     for (;;) {
+      Clock::time_point begin = observer ? Clock::now() : Clock::time_point{};
       status = table.round(instance.handle(), opState, &operation, &round);
       if (status != SHOAL_OK) failed(status, fmt::format("round {}", round.index));
       if (round.done) {
         // The outputs of CUDA tensors are written by kernels on the input's
         // stream: the call returns once they ran (docs/gpu.md).
         if (route.cuda) cudaPayloadsDone(comm, route);
+        observe("DECODE", round.index, 0, begin);
         break;
       }
+      observe("ENCODE", round.index, 0, begin);
       if (round.num_payloads < 1 || round.num_payloads > SHOAL_MAX_ROUND_PAYLOADS)
         fail(SHOAL_ERR_INTERNAL, "compressor {} asked for {} payloads in round {} (1..{} allowed) without done",
              table.name, round.num_payloads, round.index, SHOAL_MAX_ROUND_PAYLOADS);
@@ -212,6 +221,7 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
         shoal_payload_t& payload = round.payloads[p];
         validatePayload(table, round.index, payload);
         stats.payloadBytes += payload.count * dtypeSize(payload.dtype);
+        Clock::time_point begin = observer ? Clock::now() : Clock::time_point{};
         if (route.cuda) {
           GatherSpace& space = gathers[p];
           if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
@@ -232,6 +242,8 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
           payload.gathered_counts = space.counts.data();
           payload.gathered_displs = space.displs.data();
         }
+        observe(payload.collective == SHOAL_COLLECTIVE_ALLREDUCE ? "ALLREDUCE" : "ALLGATHERV", round.index,
+                payload.count * dtypeSize(payload.dtype), begin);
       }
       ++stats.rounds;
       ++round.index;
@@ -312,6 +324,24 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   }
   if (scratchState && instance->table().destroy_tensor_state)
     instance->table().destroy_tensor_state(instance->handle(), scratchState);
+  comm.lastStats = stats;
+}
+
+void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,
+                              const std::string& options, std::vector<shoal_compress_tensor_t>& tensors,
+                              shoal_op_t op, const plugin::RoundObserver* observer) {
+  CompressorInstance& instance = comm.compressors.get(compressor, options);
+  plugin::CompressStats stats;
+  stats.compressor = compressor;
+  std::string agreement = fmt::format("{}|{}|{}|{}|", compressor, options, static_cast<int>(op), tensors.size());
+  for (shoal_compress_tensor_t& tensor : tensors) {
+    tensor.state = instance.stateOf(tensor.name ? tensor.name : "");
+    stats.inputBytes += plugin::elementsCount(tensor.input) * dtypeSize(tensor.input.dtype);
+    agreement += fmt::format("{}|{}|", static_cast<int>(tensor.input.dtype), tensor.name ? tensor.name : "");
+    for (int d = 0; d < tensor.input.ndim; ++d) agreement += fmt::format("{},", tensor.input.shape[d]);
+  }
+  const MemoryRoute hostRoute;  // the async runtime submits host tensors only
+  runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
   comm.lastStats = stats;
 }
 

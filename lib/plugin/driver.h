@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "shoal/compressor.h"
 
 struct shoal_comm;
@@ -59,6 +62,17 @@ struct CompressStats {
   int rounds = 0;
 };
 
+// Sees each phase of a compressed operation (for the runtime's timeline):
+// "ENCODE"/"DECODE" for round() calls (round > 0 also decodes the previous
+// round's results), "ALLREDUCE"/"ALLGATHERV" for a payload's collective.
+struct RoundEvent {
+  const char* phase;
+  int round;
+  uint64_t bytes;  // payload bytes of a collective; 0 for round() calls
+  Clock::time_point begin, end;
+};
+using RoundObserver = std::function<void(const RoundEvent&)>;
+
 }  // namespace shoal::plugin
 
 namespace shoal {
@@ -67,4 +81,13 @@ namespace shoal {
 // minimum size), else the plain allreduce. `sequence` is the call's number.
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
                      shoal_op_t op, const shoal_allreduce_options_t* options);
+
+// Hook for the runtime's tensor fusion (lib/runtime/fusion.cc): ONE compressed
+// operation (one start, one series of round() calls) over every tensor of a
+// fused group. The caller has decided that the group compresses; tensors carry
+// input, output and name (named: state slots are filled in here). `observer`
+// may be null.
+void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,
+                              const std::string& options, std::vector<shoal_compress_tensor_t>& tensors,
+                              shoal_op_t op, const plugin::RoundObserver* observer);
 }  // namespace shoal

@@ -1,0 +1,252 @@
+// C entry points of the async runtime (lib/runtime): submission checks the
+// arguments locally and enqueues; test/wait/free work on the request handle.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "api/comm.h"
+#include "collectives/common/reducer.h"
+#include "core/config.h"
+#include "runtime/engine.h"
+
+#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
+
+struct shoal_request {
+  std::shared_ptr<shoal::runtime::Request> request;
+  double timeoutS = 300;
+  std::string error;  // a stable copy for shoal_request_error
+};
+
+using namespace shoal;
+using runtime::Metadata;
+using runtime::OpKind;
+
+namespace {
+
+shoal_comm& startedComm(shoal_comm_t comm, const char* call) {
+  shoal_comm& c = usableComm(comm, call);
+  c.engine->ensureStarted(call);
+  return c;
+}
+
+void checkName(const char* call, const char* name) {
+  if (name == nullptr || name[0] == '\0')
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: name is NULL or empty; every async tensor needs a name that is the same on "
+         "every rank", call);
+  if (std::strncmp(name, "__shoal", 7) == 0)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: names starting with __shoal are reserved; rename '{}'", call, name);
+}
+
+// The tensor's shape as metadata; checks dtype, memory, ndim, extents and data.
+std::vector<int64_t> checkTensor(const char* call, const char* what, const shoal_tensor_t* tensor) {
+  if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, what);
+  if (dtypeSize(tensor->dtype) == 0)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call, what,
+         static_cast<int>(tensor->dtype));
+  if (tensor->memory != SHOAL_MEMORY_HOST)
+    fail(SHOAL_ERR_UNSUPPORTED, "{}: {} is not host memory; the async runtime handles host tensors", call, what);
+  if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, what, tensor->ndim, SHOAL_MAX_DIMS);
+  std::vector<int64_t> shape(tensor->shape, tensor->shape + tensor->ndim);
+  size_t elements = 1;
+  for (int d = 0; d < tensor->ndim; ++d) {
+    if (shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is negative", call, what, d);
+    if (shape[d] > 0 && elements > (size_t(1) << 56) / static_cast<size_t>(shape[d]))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}'s element count overflows the addressable size", call, what);
+    elements *= static_cast<size_t>(shape[d]);
+  }
+  if (elements > 0 && tensor->data == nullptr)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->data is NULL but it holds {} elements", call, what, elements);
+  return shape;
+}
+
+shoal_status_t submit(shoal_comm_t comm, const char* call, shoal_request_t* handle,
+                      const std::function<std::shared_ptr<runtime::Request>(shoal_comm&)>& build) {
+  return guarded(comm, [&] {
+    if (handle == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: request (the out-parameter) is NULL", call);
+    *handle = nullptr;
+    shoal_comm& c = usableComm(comm, call);
+    std::shared_ptr<runtime::Request> request = build(c);
+    c.engine->ensureStarted(call);
+    auto wrapper = std::make_unique<shoal_request>();
+    wrapper->request = request;
+    wrapper->timeoutS = c.timeoutS;
+    c.engine->submit(request, call);
+    *handle = wrapper.release();
+  });
+}
+
+}  // namespace
+
+SHOAL_EXPORT shoal_status_t shoal_async_start(shoal_comm_t comm) {
+  return guarded(comm, [&] { startedComm(comm, "shoal_async_start"); });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name, const shoal_tensor_t* input,
+                                             const shoal_tensor_t* output, shoal_op_t op,
+                                             const shoal_async_options_t* options, shoal_request_t* request) {
+  const char* call = "shoal_iallreduce";
+  return submit(comm, call, request, [&](shoal_comm&) {
+    checkName(call, name);
+    auto r = std::make_shared<runtime::Request>();
+    r->name = name;
+    r->meta.kind = OpKind::Allreduce;
+    r->meta.shape = checkTensor(call, "input", input);
+    std::vector<int64_t> outShape = checkTensor(call, "output", output);
+    r->meta.dtype = input->dtype;
+    r->meta.op = op;
+    if (op < 0 || op >= SHOAL_OP_COUNT || !isValidDtypeOp(input->dtype, op))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not valid on dtype {}; bitwise ops need an integer dtype", call,
+           static_cast<int>(op), shoal_dtype_name(input->dtype));
+    if (output->dtype != input->dtype)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+           shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+    Metadata outMeta = r->meta;
+    outMeta.shape = outShape;
+    if (outMeta.elements() != r->meta.elements())
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; they must hold the same count", call,
+           r->meta.elements(), outMeta.elements());
+    if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_async_options_t)))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ASYNC_OPTIONS_INIT", call,
+           options->struct_size);
+    shoal_async_options_t resolved = SHOAL_ASYNC_OPTIONS_INIT;
+    if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+    r->meta.compressor = resolved.compressor ? resolved.compressor : config::getString("SHOAL_COMPRESSOR");
+    r->meta.options = resolved.compressor_options ? resolved.compressor_options
+                                                  : config::getString("SHOAL_COMPRESSOR_OPTS");
+    r->meta.minBytes = resolved.compress_min_bytes >= 0 ? resolved.compress_min_bytes
+                                                        : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+    if (r->meta.compressor.empty()) r->meta.compressor = "none";
+    r->input = *input;
+    r->output = *output;
+    return r;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_iallgather(shoal_comm_t comm, const char* name, const shoal_tensor_t* input,
+                                             void* output, shoal_request_t* request) {
+  const char* call = "shoal_iallgather";
+  return submit(comm, call, request, [&](shoal_comm& c) {
+    checkName(call, name);
+    auto r = std::make_shared<runtime::Request>();
+    r->name = name;
+    r->meta.kind = OpKind::Allgather;
+    r->meta.shape = checkTensor(call, "input", input);
+    r->meta.dtype = input->dtype;
+    if (output == nullptr && r->meta.bytes() > 0)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL; pass room for {} x {} elements", call, c.size,
+           r->meta.elements());
+    r->input = *input;
+    r->output = *input;
+    r->output.data = output;
+    return r;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char* name, const shoal_tensor_t* tensor,
+                                             int root, shoal_request_t* request) {
+  const char* call = "shoal_ibroadcast";
+  return submit(comm, call, request, [&](shoal_comm& c) {
+    checkName(call, name);
+    if (root < 0 || root >= c.size)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+    auto r = std::make_shared<runtime::Request>();
+    r->name = name;
+    r->meta.kind = OpKind::Broadcast;
+    r->meta.shape = checkTensor(call, "tensor", tensor);
+    r->meta.dtype = tensor->dtype;
+    r->meta.root = root;
+    r->input = *tensor;
+    r->output = *tensor;
+    return r;
+  });
+}
+
+namespace {
+
+shoal_request& checkRequest(shoal_request_t request, const char* call) {
+  if (request == nullptr || !request->request)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: request is NULL; pass the handle a shoal_i* call returned", call);
+  return *request;
+}
+
+// The completed request's status; its text becomes the thread's last error.
+shoal_status_t completed(shoal_request& request) {
+  shoal_status_t status = request.request->status();
+  if (status != SHOAL_OK) {
+    request.error = request.request->error();
+    setLastError(nullptr, request.error);
+  }
+  return status;
+}
+
+}  // namespace
+
+SHOAL_EXPORT shoal_status_t shoal_test(shoal_request_t request, int* done) {
+  shoal_status_t status = guarded(nullptr, [&] {
+    checkRequest(request, "shoal_test");
+    if (done == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_test: done (the out-parameter) is NULL");
+    *done = request->request->done() ? 1 : 0;
+  });
+  if (status != SHOAL_OK || *done == 0) return status;
+  return completed(*request);
+}
+
+SHOAL_EXPORT shoal_status_t shoal_wait_all(shoal_request_t* requests, int count, double timeout_s) {
+  shoal_status_t status = guarded(nullptr, [&] {
+    if (count < 0 || (requests == nullptr && count > 0))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_wait_all: requests is NULL or count {} is negative", count);
+    for (int i = 0; i < count; ++i) checkRequest(requests[i], "shoal_wait_all");
+    if (count == 0) return;
+    const Deadline deadline = deadlineAfter(timeout_s > 0 ? timeout_s : requests[0]->timeoutS);
+    for (int i = 0; i < count; ++i)
+      if (!requests[i]->request->waitUntil(deadline))
+        fail(SHOAL_ERR_TIMEOUT,
+             "shoal_wait_all: request {} ('{}') is still pending after the deadline; it stays pending (keep its "
+             "buffers valid), wait again or look for a rank that did not submit it",
+             i, requests[i]->request->name);
+  });
+  if (status != SHOAL_OK) return status;
+  for (int i = 0; i < count; ++i) {
+    shoal_status_t one = completed(*requests[i]);
+    if (one != SHOAL_OK) return one;
+  }
+  return SHOAL_OK;
+}
+
+SHOAL_EXPORT shoal_status_t shoal_wait(shoal_request_t request, double timeout_s) {
+  return shoal_wait_all(&request, 1, timeout_s);
+}
+
+SHOAL_EXPORT const char* shoal_request_error(shoal_request_t request) {
+  if (request == nullptr || !request->request || !request->request->done()) return "";
+  request->error = request->request->error();
+  return request->error.c_str();
+}
+
+SHOAL_EXPORT shoal_status_t shoal_request_free(shoal_request_t request) {
+  return guarded(nullptr, [&] {
+    if (request == nullptr) return;
+    if (request->request && !request->request->done())
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_free: request '{}' is still pending; wait for it first",
+           request->request->name);
+    delete request;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_stats_t* stats) {
+  return guarded(comm, [&] {
+    if (comm == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_async_stats: comm is NULL");
+    if (stats == nullptr || stats->struct_size == 0 || stats->struct_size > sizeof(shoal_async_stats_t))
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_async_stats: stats must come from SHOAL_ASYNC_STATS_INIT");
+    runtime::EngineStats s = comm->engine ? comm->engine->stats() : runtime::EngineStats{};
+    shoal_async_stats_t result = SHOAL_ASYNC_STATS_INIT;
+    result.cycles = s.cycles;
+    result.full_rounds = s.fullRounds;
+    result.cache_hits = s.cacheHits;
+    result.tensors = s.tensors;
+    result.groups = s.groups;
+    result.negotiation_us = s.negotiationUs;
+    std::memcpy(stats, &result, stats->struct_size);
+  });
+}

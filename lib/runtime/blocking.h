@@ -1,0 +1,22 @@
+// The rule for blocking collectives once a communicator's async runtime runs:
+// every collective must be issued by the engine thread, in negotiated order,
+// or ranks would interleave their calls differently. So a blocking call made
+// on a user thread after the engine started is submitted to the engine (under
+// the reserved name kBlockingName, negotiated like any request) and waited
+// for; before that, and on the engine thread itself, it runs directly.
+#pragma once
+
+#include <functional>
+
+#include "api/comm.h"
+
+namespace shoal::runtime {
+
+template <typename Body>
+void blockingCall(shoal_comm& comm, const char* call, Body&& body) {
+  if (comm.engine && comm.engine->routesBlockingCalls())
+    return comm.engine->runBlocking(call, std::function<void()>(std::ref(body)));
+  body();
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,358 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "api/comm.h"
+#include "api/run.h"
+#include "core/config.h"
+#include "core/log.h"
+
+namespace shoal::runtime {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// A stop every rank decides in the same cycle from the same data (a stall
+// past SHOAL_STALL_SHUTDOWN_S): no need to abort the transport.
+struct AgreedStop : Error {
+  using Error::Error;
+};
+
+constexpr double kBlockingProbeS = 0.1;
+
+}  // namespace
+
+RuntimeSettings RuntimeSettings::fromEnvironment(double timeoutS) {
+  RuntimeSettings s;
+  double cycleMs = config::getDouble("SHOAL_CYCLE_TIME_MS");
+  if (!(cycleMs >= 0) || cycleMs > 10000)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_CYCLE_TIME_MS must be between 0 and 10000 (milliseconds), not {}", cycleMs);
+  s.cycleS = cycleMs / 1e3;
+  long long threshold = config::getInt("SHOAL_FUSION_THRESHOLD");
+  if (threshold < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_FUSION_THRESHOLD must be >= 0 bytes, not {}", threshold);
+  s.fusionThreshold = static_cast<size_t>(threshold);
+  long long capacity = config::getInt("SHOAL_CACHE_CAPACITY");
+  if (capacity < 0 || capacity > (1 << 20))
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_CACHE_CAPACITY must be between 0 and 1048576 entries, not {}", capacity);
+  s.cacheCapacity = static_cast<size_t>(capacity);
+  s.timeline = config::getString("SHOAL_TIMELINE");
+  s.stall.checkS = config::getDouble("SHOAL_STALL_CHECK_S");
+  s.stall.shutdownS = config::getDouble("SHOAL_STALL_SHUTDOWN_S");
+  if (!(s.stall.checkS >= 0) || !(s.stall.shutdownS >= 0))
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_STALL_CHECK_S and SHOAL_STALL_SHUTDOWN_S must be >= 0 seconds, not {} and {}",
+         s.stall.checkS, s.stall.shutdownS);
+  s.stall.blockingTimeoutS = timeoutS;
+  return s;
+}
+
+std::string RuntimeSettings::agreement() const {
+  return fmt::format("cycle {} fusion {} cache {} stall {} {}", cycleS, fusionThreshold, cacheCapacity, stall.checkS,
+                     stall.shutdownS);
+}
+
+Engine::~Engine() { shutdown(); }
+
+double Engine::timeoutS() const { return comm_.timeoutS; }
+
+void Engine::ensureStarted(const char* call) {
+  std::lock_guard<std::mutex> start(startMutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Idle) return;
+  }
+  RuntimeSettings settings = RuntimeSettings::fromEnvironment(comm_.timeoutS);
+  std::unique_ptr<Timeline> timeline;
+  std::string timelineError;
+  if (comm_.rank == 0 && !settings.timeline.empty()) {
+    try {
+      timeline = std::make_unique<Timeline>(settings.timeline);
+    } catch (const Error& error) {
+      timelineError = error.what();
+    }
+  }
+  // One small max-allreduce: {hash, ~hash} finds a rank with other settings,
+  // the third word tells everyone that rank 0 could not open the timeline.
+  const std::string agreement = settings.agreement();
+  const uint64_t hash = std::hash<std::string>{}(agreement);
+  uint64_t words[3] = {hash, ~hash, timelineError.empty() ? 0u : 1u};
+  try {
+    runCollective(comm_, comm_.sequence++, [&](Context& context) {
+      allreduceTree(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
+    });
+  } catch (const Error& error) {
+    fail(error.status(),
+         "{}: starting the async runtime failed (a collective step: every rank must make its first async call, or "
+         "shoal_async_start, after the same blocking calls): {}",
+         call, error.what());
+  }
+  if (words[0] != hash || ~words[1] != hash)
+    fail(SHOAL_ERR_MISMATCH,
+         "{}: ranks disagree on the async runtime's settings (this rank: {}); set SHOAL_CYCLE_TIME_MS, "
+         "SHOAL_FUSION_THRESHOLD, SHOAL_CACHE_CAPACITY, SHOAL_STALL_CHECK_S and SHOAL_STALL_SHUTDOWN_S identically on "
+         "every rank",
+         call, agreement);
+  if (words[2] != 0)
+    fail(SHOAL_ERR_SYSTEM, "{}: {}", call,
+         timelineError.empty() ? "rank 0 could not open the SHOAL_TIMELINE file; its error says why" : timelineError);
+
+  settings_ = settings;
+  timeline_ = std::move(timeline);
+  cache_ = std::make_unique<ResponseCache>(settings_.cacheCapacity);
+  stall_ = std::make_unique<StallInspector>(settings_.stall, comm_.rank);
+  lastProbe_ = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = State::Running;
+  thread_ = std::thread([this] { loop(); });
+  engineThread_ = thread_.get_id();
+}
+
+bool Engine::routesBlockingCalls() const {
+  if (engineThread_.load() == std::thread::id{}) return false;  // never started
+  return std::this_thread::get_id() != engineThread_.load();
+}
+
+void Engine::submit(const std::shared_ptr<Request>& request, const char* call) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ == State::Stopped) fail(stopStatus_, "{}: {}", call, stopText_);
+    if (state_ != State::Running) fail(SHOAL_ERR_INTERNAL, "{}: the async runtime was not started", call);
+    if (!inFlight_.insert(request->name).second) {
+      if (request->name == kBlockingName)
+        fail(SHOAL_ERR_INVALID_ARGUMENT,
+             "{}: another thread's blocking call is in flight on this communicator; make blocking calls from one "
+             "thread at a time",
+             call);
+      fail(SHOAL_ERR_INVALID_ARGUMENT,
+           "{}: tensor name '{}' is already in flight on this rank; wait for its request before reusing the name, or "
+           "give this tensor another name",
+           call, request->name);
+    }
+    incoming_.push_back(request);
+  }
+}
+
+void Engine::runBlocking(const char* call, const std::function<void()>& body) {
+  auto request = std::make_shared<Request>();
+  request->name = kBlockingName;
+  request->meta.kind = OpKind::Blocking;
+  request->meta.call = call;
+  request->body = body;
+  submit(request, call);
+  // The stall inspector fails a blocking call its peers do not make within
+  // SHOAL_TIMEOUT_S; this deadline only guards against a runtime bug.
+  if (!request->waitUntil(deadlineAfter(2 * comm_.timeoutS + 10))) {
+    if (request->tryCancel())
+      fail(SHOAL_ERR_TIMEOUT, "{}: the async runtime did not run this blocking call within 2 x SHOAL_TIMEOUT_S", call);
+    // It runs now, with our arguments: wait (its collectives have deadlines).
+    while (!request->waitUntil(deadlineAfter(comm_.timeoutS))) {
+    }
+  }
+  if (request->status() != SHOAL_OK) throw Error(request->status(), request->error());
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutdownRequested_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
+}
+
+void Engine::finish(Request& request, shoal_status_t status, const std::string& error) {
+  pendingByName_.erase(request.name);
+  {
+    // Before completing: the submitter may reuse the name at once.
+    std::lock_guard<std::mutex> lock(mutex_);
+    inFlight_.erase(request.name);
+  }
+  request.complete(status, error);
+}
+
+void Engine::stopWith(shoal_status_t status, const std::string& text) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_ = State::Stopped;
+    stopStatus_ = status;
+    stopText_ = text;
+    for (auto& request : incoming_) pending_.push_back(request);
+    incoming_.clear();
+  }
+  for (auto& request : pending_)
+    if (!request->done()) finish(*request, status, text);
+  pending_.clear();
+  pendingByName_.clear();
+  timeline_.reset();  // closes the JSON array
+}
+
+void Engine::loop() {
+  try {
+    for (;;) {
+      const Clock::time_point cycleStart = Clock::now();
+      if (cycle()) return;
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_until(lock, cycleStart + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(settings_.cycleS)),
+                       [&] { return shutdownRequested_; });
+    }
+  } catch (const AgreedStop& stop) {
+    stopWith(stop.status(), fmt::format("the async runtime stopped on every rank: {}", stop.what()));
+  } catch (const Error& error) {
+    std::string text = fmt::format("the async runtime stopped: {}", error.what());
+    if (!comm_.transport->failed()) comm_.transport->abort(text);  // peers must not wait for this rank
+    stopWith(error.status(), text);
+  } catch (const std::exception& error) {
+    std::string text = fmt::format("the async runtime stopped after an internal error: {}", error.what());
+    if (!comm_.transport->failed()) comm_.transport->abort(text);
+    stopWith(SHOAL_ERR_INTERNAL, text);
+  }
+}
+
+bool Engine::cycle() {
+  bool localShutdown = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    localShutdown = shutdownRequested_;
+    for (auto& request : incoming_) {
+      pending_.push_back(request);
+      pendingByName_[request->name] = request;
+    }
+    incoming_.clear();
+  }
+  const Clock::time_point start = Clock::now();
+  std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
+  bool needFullRound = false;
+  Clock::time_point oldest = start;
+  Clock::time_point oldestBlocking = start;
+  for (const auto& request : pending_) {
+    oldest = std::min(oldest, request->submitted);
+    if (request->meta.kind == OpKind::Blocking) oldestBlocking = request->submitted;
+    int index = cache_->lookup(cacheKey(request->name, request->meta), request->meta);
+    if (index < 0) needFullRound = true;
+    else words[1 + index / 64] |= uint64_t(1) << (index % 64);
+  }
+  // A request pending this long is stalled or waits for a late rank: a full
+  // round shows every rank which ranks submitted what.
+  const double probe = stall_->probeIntervalS();
+  // Blocking calls are probed sooner: two ranks whose different blocking calls
+  // are both cached wait for each other until a full round shows the mismatch.
+  const bool probeDue = seconds(start - oldest) > probe || seconds(start - oldestBlocking) > kBlockingProbeS;
+  if (!pending_.empty() && probeDue && seconds(start - lastProbe_) > std::min(probe, kBlockingProbeS)) {
+    needFullRound = true;
+    lastProbe_ = start;
+  }
+  words[0] = ~((needFullRound ? kFlagNeedFullRound : 0) | (localShutdown ? kFlagShutdown : 0));
+  plainAllreduce(comm_, comm_.sequence++, words.data(), words.data(), words.size(), SHOAL_U64, SHOAL_BAND);
+  const bool anyFullRound = !(words[0] & kFlagNeedFullRound);
+  const bool anyShutdown = !(words[0] & kFlagShutdown);
+
+  std::vector<Ready> ready;
+  Clock::time_point now = Clock::now();
+  uint64_t hits = 0;
+  if (anyFullRound) {
+    fullRound(ready, now);
+  } else {
+    for (size_t index = 0; index < cache_->slots(); ++index) {
+      if (!(words[1 + index / 64] >> (index % 64) & 1)) continue;
+      ready.push_back({pendingByName_.at(cache_->nameAt(index)), false, now});
+      cache_->touch(index, cycle_);
+      ++hits;
+    }
+  }
+  const Clock::time_point negotiated = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(statsMutex_);
+    ++stats_.cycles;
+    stats_.fullRounds += anyFullRound;
+    stats_.cacheHits += hits;
+    stats_.negotiationUs += std::chrono::duration<double, std::micro>(negotiated - start).count();
+  }
+  if (timeline_)
+    for (const Ready& r : ready) timeline_->span(r.request->name, "NEGOTIATE", r.request->submitted, now);
+  execute(ready);
+  ++cycle_;
+  if (!ready.empty() || anyFullRound)
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& r) { return r->done(); }),
+                   pending_.end());
+  if (anyShutdown) {
+    stopWith(localShutdown ? SHOAL_ERR_INVALID_ARGUMENT : SHOAL_ERR_REMOTE,
+             localShutdown ? "the communicator was finalized while this request was pending"
+                           : "another rank finalized its communicator (shoal_comm_finalize/destroy) while this request "
+                             "was pending; pending and later requests cannot complete");
+    return true;
+  }
+  return false;
+}
+
+void Engine::fullRound(std::vector<Ready>& ready, Clock::time_point now) {
+  std::vector<Announcement> mine;
+  mine.reserve(pending_.size());
+  for (const auto& request : pending_) mine.push_back({request->name, request->meta, seconds(now - request->submitted)});
+  const std::string encoded = encodeAnnouncements(mine);
+  std::vector<uint8_t> gathered;
+  std::vector<size_t> counts, displs;
+  allgathervBytes(comm_, encoded.data(), encoded.size(), SHOAL_U8, gathered, counts, displs);
+  std::vector<std::vector<Announcement>> perRank(comm_.size);
+  for (int r = 0; r < comm_.size; ++r) perRank[r] = decodeAnnouncements(gathered.data() + displs[r], counts[r]);
+  Verdict verdict = decide(perRank);
+  for (const auto& [name, text] : verdict.errors) finish(*pendingByName_.at(name), SHOAL_ERR_MISMATCH, text);
+  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(SHOAL_ERR_TIMEOUT, *fatal);
+  for (const std::string& name : verdict.ready) {
+    const auto& request = pendingByName_.at(name);
+    ready.push_back({request, false, Clock::now()});
+    cache_->put(cacheKey(name, request->meta), name, request->meta, cycle_);
+  }
+}
+
+void Engine::execute(std::vector<Ready>& ready) {
+  // Whether each allreduce compresses: the same answer on every rank (same
+  // metadata, same registry); an unknown compressor fails its requests everywhere.
+  std::vector<Ready> runnable;
+  runnable.reserve(ready.size());
+  for (Ready& r : ready) {
+    try {
+      r.compress = compresses(comm_, r.request->meta);
+      runnable.push_back(r);
+    } catch (const Error& error) {
+      finish(*r.request, error.status(), fmt::format("tensor '{}': {}", r.request->name, error.what()));
+    }
+  }
+  std::vector<Group> groups = planGroups(runnable, settings_.fusionThreshold);
+  for (Group& group : groups) {
+    for (Ready* member : group.members)
+      if (!member->request->tryStart())
+        fail(SHOAL_ERR_TIMEOUT, "rank {} gave up waiting for its blocking call {} before the runtime could run it",
+             comm_.rank, member->request->meta.call);
+    try {
+      runGroup(comm_, group, fusionBuffer_, timeline_.get());
+    } catch (const Error& error) {
+      std::string text = group.members.front()->request->name == kBlockingName
+                             ? std::string(error.what())
+                             : fmt::format("tensor '{}'{}: {}", group.members.front()->request->name,
+                                           group.members.size() > 1
+                                               ? fmt::format(" (fused with {} others)", group.members.size() - 1)
+                                               : "",
+                                           error.what());
+      for (Ready* member : group.members) finish(*member->request, error.status(), text);
+      if (comm_.transport->failed()) throw Error(error.status(), text);  // the communicator is gone: stop
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(statsMutex_);  // before completing: a waiter may read the stats at once
+      ++stats_.groups;
+      stats_.tensors += group.members.size();
+    }
+    for (Ready* member : group.members) finish(*member->request, SHOAL_OK, "");
+  }
+  if (timeline_ && !ready.empty()) timeline_->flush();
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,116 @@
+// The async runtime of one communicator (Horovod's background thread): user
+// threads only enqueue named requests; one engine thread owns every
+// collective once it runs. Each cycle (SHOAL_CYCLE_TIME_MS) it negotiates
+// which requests are ready on every rank (negotiation.h), fuses them
+// (fusion.h), runs them, and completes their requests. See docs/runtime.md.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "runtime/fusion.h"
+#include "runtime/negotiation.h"
+#include "runtime/request.h"
+#include "runtime/stall.h"
+#include "runtime/timeline.h"
+
+struct shoal_comm;
+
+namespace shoal::runtime {
+
+struct RuntimeSettings {
+  double cycleS = 0.001;           // SHOAL_CYCLE_TIME_MS
+  size_t fusionThreshold = 0;      // SHOAL_FUSION_THRESHOLD (bytes; 0 = no fusion)
+  size_t cacheCapacity = 1024;     // SHOAL_CACHE_CAPACITY (0 = every cycle is a full round)
+  std::string timeline;            // SHOAL_TIMELINE (rank 0 writes it)
+  StallSettings stall;
+  static RuntimeSettings fromEnvironment(double timeoutS);
+  // What every rank must agree on (the timeline path is rank 0's business).
+  std::string agreement() const;
+};
+
+struct EngineStats {
+  uint64_t cycles = 0;
+  uint64_t fullRounds = 0;
+  uint64_t cacheHits = 0;
+  uint64_t tensors = 0;
+  uint64_t groups = 0;
+  double negotiationUs = 0;
+};
+
+class Engine {
+ public:
+  explicit Engine(shoal_comm& comm) : comm_(comm) {}
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts the engine thread the first time: a collective (every rank must
+  // reach it after the same blocking calls) that also checks that every rank
+  // has the same runtime settings. Later calls return at once.
+  void ensureStarted(const char* call);
+  // True once blocking calls must travel through the engine: it was started,
+  // and the caller is not the engine thread itself.
+  bool routesBlockingCalls() const;
+  // Enqueues a request; throws for a name already in flight on this rank, or
+  // when the runtime has stopped (with the reason).
+  void submit(const std::shared_ptr<Request>& request, const char* call);
+  // A blocking collective once the engine runs: negotiated like a request
+  // named kBlockingName, run on the engine thread, waited for here.
+  void runBlocking(const char* call, const std::function<void()>& body);
+  // Local: asks every rank's engine to stop at the next cycle and waits for
+  // this one (bounded by SHOAL_TIMEOUT_S through the collectives' deadlines).
+  void shutdown();
+  EngineStats stats();
+  double timeoutS() const;
+
+ private:
+  enum class State { Idle, Running, Stopped };
+
+  void loop();
+  bool cycle();                                    // true when the runtime stops
+  void fullRound(std::vector<Ready>& ready, Clock::time_point now);
+  void execute(std::vector<Ready>& ready);
+  void finish(Request& request, shoal_status_t status, const std::string& error);
+  void stopWith(shoal_status_t status, const std::string& text);
+
+  shoal_comm& comm_;
+  RuntimeSettings settings_;
+  std::mutex startMutex_;
+
+  // Shared with submitting threads, under mutex_.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  State state_ = State::Idle;
+  bool shutdownRequested_ = false;
+  shoal_status_t stopStatus_ = SHOAL_OK;
+  std::string stopText_;
+  std::deque<std::shared_ptr<Request>> incoming_;
+  std::unordered_set<std::string> inFlight_;
+  std::thread thread_;
+  std::atomic<std::thread::id> engineThread_{};
+
+  // Engine thread only.
+  std::vector<std::shared_ptr<Request>> pending_;  // submission order
+  std::unordered_map<std::string, std::shared_ptr<Request>> pendingByName_;
+  std::unique_ptr<ResponseCache> cache_;
+  std::unique_ptr<StallInspector> stall_;
+  std::unique_ptr<Timeline> timeline_;
+  std::vector<uint8_t> fusionBuffer_;
+  uint64_t cycle_ = 0;
+  Clock::time_point lastProbe_{};
+
+  std::mutex statsMutex_;
+  EngineStats stats_;
+};
+
+}  // namespace shoal::runtime

@@ -1,0 +1,84 @@
+// A request of the async runtime: what a rank submitted under a name, the
+// metadata every rank must agree on for that name, and its completion.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "shoal/shoal.h"
+
+namespace shoal::runtime {
+
+enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3 };
+const char* opKindName(OpKind kind);
+
+// The name under which blocking calls travel through the engine once it runs
+// (one at a time per rank, so one name suffices and stays cached).
+inline constexpr const char* kBlockingName = "__shoal_blocking_call";
+
+// What every rank must submit identically for one name. Compressor settings
+// are resolved from the environment at submission.
+struct Metadata {
+  OpKind kind = OpKind::Allreduce;
+  shoal_dtype_t dtype = SHOAL_F32;
+  shoal_op_t op = SHOAL_SUM;
+  int root = -1;                 // broadcast only
+  std::vector<int64_t> shape;
+  std::string compressor;        // allreduce: "none" = uncompressed
+  std::string options;
+  long long minBytes = 0;
+  std::string call;              // blocking calls: the C entry point
+
+  bool operator==(const Metadata&) const = default;
+  size_t elements() const;
+  size_t bytes() const;
+  std::string describe() const;  // "allreduce float [3, 4] sum compressor fp16"
+};
+
+// Which fields of a and b differ, e.g. "shape [3, 4] vs [4, 4]; dtype float vs half".
+std::string differences(const Metadata& a, const Metadata& b);
+
+// A compact byte encoding, for the negotiation's allgatherv.
+void appendMetadata(std::string& out, const Metadata& meta);
+Metadata readMetadata(const uint8_t*& cursor, const uint8_t* end);
+// Little helpers of the encoding, shared with negotiation.cc.
+void appendString(std::string& out, const std::string& text);
+std::string readString(const uint8_t*& cursor, const uint8_t* end);
+void appendU64(std::string& out, uint64_t value);
+uint64_t readU64(const uint8_t*& cursor, const uint8_t* end);
+
+enum class RequestState { Queued, Running, Done, Cancelled };
+
+struct Request {
+  std::string name;
+  Metadata meta;
+  shoal_tensor_t input{};
+  shoal_tensor_t output{};
+  std::function<void()> body;    // blocking calls: the call itself, run on the engine thread
+  Clock::time_point submitted = Clock::now();
+
+  // Queued -> Running; false when the submitter gave up (Cancelled).
+  bool tryStart();
+  // Queued -> Cancelled; false when it already runs or ran.
+  bool tryCancel();
+  void complete(shoal_status_t status, const std::string& error);
+  // True once done; false when the deadline passed first.
+  bool waitUntil(Deadline deadline);
+  bool done();
+  shoal_status_t status();
+  std::string error();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  RequestState state_ = RequestState::Queued;
+  shoal_status_t status_ = SHOAL_OK;
+  std::string error_;
+};
+
+}  // namespace shoal::runtime

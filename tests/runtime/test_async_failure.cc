@@ -1,0 +1,223 @@
+// A rank killed in the middle of an async step: every pending request on the
+// survivors must fail, with text, within the deadline (SHOAL_TIMEOUT_S plus
+// slack), and later submissions must fail at once. Ranks are processes forked
+// from this test (before it creates any thread) over a tcp store on loopback.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/async_helpers.h"
+#include "shoal/shoal.h"
+
+namespace shoal::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWorld = 3;
+constexpr double kTimeoutS = 5;      // SHOAL_TIMEOUT_S of the ranks
+constexpr double kReportS = 20;      // survivors must have exited by then
+constexpr int kExitSawErrors = 3;    // every pending request failed, later ones too
+constexpr int kExitAllSucceeded = 5; // the survivor never noticed
+constexpr int kExitPending = 6;      // a request was still pending at the deadline
+constexpr int kExitUsage = 2;
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+// One rank: steps of 40 named tensors in a shuffled order; the victim dies
+// after submitting half of step 3's tensors.
+int runRank(int rank, const std::string& store, int victim, bool bySignal) {
+  alarm(static_cast<unsigned>(4 * kTimeoutS + 10));  // a hang ends as SIGALRM (exit 128 + 14)
+  shoal_config_t config = SHOAL_CONFIG_INIT;
+  config.rank = rank;
+  config.world_size = kWorld;
+  config.store = store.c_str();
+  config.token = "async-failure-test";
+  config.timeout_s = kTimeoutS;
+  shoal_comm_t comm = nullptr;
+  if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) {
+    std::printf("rank %d: init failed: %s\n", rank, shoal_last_error(nullptr));
+    return kExitUsage;
+  }
+  constexpr size_t kTensors = 40;
+  std::vector<std::vector<float>> data(kTensors, std::vector<float>(5000));
+  std::vector<size_t> order(kTensors);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 random(static_cast<uint32_t>(rank + 1));
+  for (int step = 0; step < 50; ++step) {
+    std::shuffle(order.begin(), order.end(), random);
+    std::vector<shoal_request_t> requests;
+    for (size_t k = 0; k < kTensors; ++k) {
+      if (rank == victim && step == 3 && k == kTensors / 2) {
+        std::printf("rank %d: dying on purpose in step %d\n", rank, step);
+        std::fflush(stdout);
+        if (bySignal) raise(SIGKILL);
+        _exit(9);
+      }
+      const size_t t = order[k];
+      std::fill(data[t].begin(), data[t].end(), static_cast<float>(rank));
+      shoal_tensor_t tensor = tensorOf(data[t].data(), SHOAL_F32, {5000});
+      std::string name = "grad." + std::to_string(t);
+      shoal_request_t request = nullptr;
+      if (shoal_iallreduce(comm, name.c_str(), &tensor, &tensor, SHOAL_SUM, nullptr, &request) != SHOAL_OK) {
+        std::printf("rank %d: submission refused in step %d: %s\n", rank, step, shoal_last_error(comm));
+        break;
+      }
+      requests.push_back(request);
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(3 * kTimeoutS);
+    shoal_status_t status = shoal_wait_all(requests.data(), static_cast<int>(requests.size()), 3 * kTimeoutS);
+    if (status == SHOAL_OK && requests.size() == kTensors) {
+      for (shoal_request_t r : requests) shoal_request_free(r);
+      continue;
+    }
+    // Every request must be complete by now (failed or not); none pending.
+    int failed = 0;
+    for (shoal_request_t r : requests) {
+      int done = 0;
+      shoal_status_t one = SHOAL_OK;
+      while ((one = shoal_test(r, &done)) == SHOAL_OK && !done && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!done) {
+        std::printf("rank %d: a request was still pending after %g s\n", rank, 3 * kTimeoutS);
+        return kExitPending;
+      }
+      if (one != SHOAL_OK) {
+        if (failed++ == 0) std::printf("rank %d: step %d: request failed: %s\n", rank, step, shoal_request_error(r));
+      }
+      shoal_request_free(r);
+    }
+    std::vector<float> later(4);
+    shoal_tensor_t tensor = tensorOf(later.data(), SHOAL_F32, {4});
+    shoal_request_t request = nullptr;
+    shoal_status_t again = shoal_iallreduce(comm, "later", &tensor, &tensor, SHOAL_SUM, nullptr, &request);
+    if (again == SHOAL_OK) again = shoal_wait(request, 3 * kTimeoutS);
+    std::printf("rank %d: %d requests failed; a later one: %s: %s\n", rank, failed, shoal_status_string(again),
+                again == SHOAL_OK ? "" : (request ? shoal_request_error(request) : shoal_last_error(comm)));
+    std::fflush(stdout);
+    shoal_comm_destroy(comm);
+    return failed > 0 && again != SHOAL_OK ? kExitSawErrors : kExitAllSucceeded;
+  }
+  shoal_comm_destroy(comm);
+  return kExitAllSucceeded;
+}
+
+struct Outcome {
+  int exitCode = -1;
+  double seconds = 0;
+  std::string output;
+};
+
+std::vector<Outcome> runJob(int victim, bool bySignal) {
+  const fs::path dir = fs::temp_directory_path() / ("shoal_async_failure_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
+  std::vector<pid_t> pids(kWorld);
+  std::vector<Outcome> outcomes(kWorld);
+  const auto start = Clock::now();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int fd = open((dir / ("rank" + std::to_string(rank))).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      _exit(runRank(rank, store, victim, bySignal));
+    }
+    pids[rank] = pid;
+  }
+  int running = kWorld;
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int rank = 0; rank < kWorld; ++rank)
+        if (pids[rank] == pid) {
+          outcomes[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          outcomes[rank].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+          pids[rank] = -1;
+          --running;
+        }
+      continue;
+    }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > 60) {
+      for (pid_t& p : pids)
+        if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0), p = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::ifstream in(dir / ("rank" + std::to_string(rank)));
+    std::stringstream text;
+    text << in.rdbuf();
+    outcomes[rank].output = text.str();
+  }
+  fs::remove_all(dir);
+  return outcomes;
+}
+
+std::string describe(const std::vector<Outcome>& outcomes) {
+  std::ostringstream out;
+  for (size_t r = 0; r < outcomes.size(); ++r)
+    out << "--- rank " << r << ": exit " << outcomes[r].exitCode << " after " << outcomes[r].seconds << " s\n"
+        << outcomes[r].output;
+  return out.str();
+}
+
+class KilledRank : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(KilledRank, FailsEveryPendingRequestWithinTheDeadline) {
+  const auto [victim, bySignal] = GetParam();
+  std::vector<Outcome> outcomes = runJob(victim, bySignal);
+  if (std::getenv("SHOAL_TEST_VERBOSE")) std::fprintf(stderr, "%s", describe(outcomes).c_str());
+  EXPECT_EQ(outcomes[victim].exitCode, bySignal ? 128 + SIGKILL : 9) << describe(outcomes);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    if (rank == victim) continue;
+    EXPECT_EQ(outcomes[rank].exitCode, kExitSawErrors)
+        << "rank " << rank << " (5 = never noticed, 6 = a request stayed pending, 142 = hung)\n" << describe(outcomes);
+    EXPECT_LT(outcomes[rank].seconds, kReportS) << describe(outcomes);
+    EXPECT_NE(outcomes[rank].output.find("request failed: "), std::string::npos) << describe(outcomes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, KilledRank,
+                         ::testing::Values(std::make_tuple(1, true), std::make_tuple(0, false)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return "rank" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_sigkill" : "_exit");
+                         });
+
+}  // namespace
+}  // namespace shoal::test
