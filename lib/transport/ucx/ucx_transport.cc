@@ -135,12 +135,45 @@ class UcxTransport final : public Transport {
 };
 
 UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank), size_(options.worldSize) {
+  // Which peers share this host (same host, boot, pid and network namespace)
+  // decides the error mode per endpoint and the protocol thresholds below.
+  Deadline deadline = deadlineAfter(options.timeoutS);
+  std::string prefix = options.keyPrefix + "ucx/address/";
+  std::string hostPrefix = options.keyPrefix + "ucx/host/";
+  std::string identity = hostIdentity();
+  std::string hostValue = fmt::format("{} {}", static_cast<long>(getpid()), identity);
+  options.store->set(hostPrefix + std::to_string(rank_), Bytes(hostValue.begin(), hostValue.end()));
+  localPeerPid_.assign(size_, 0);
+  int ranksOnThisHost = 1;
+  std::vector<bool> sameHost(size_, true);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Bytes peerHost = options.store->get(hostPrefix + std::to_string(peer), deadline);
+    std::string peerHostText(peerHost.begin(), peerHost.end());
+    size_t space = peerHostText.find(' ');
+    sameHost[peer] = space != std::string::npos && peerHostText.substr(space + 1) == identity;
+    if (sameHost[peer]) {
+      localPeerPid_[peer] = std::stol(peerHostText.substr(0, space));
+      ++ranksOnThisHost;
+    }
+  }
+  const bool anyRemotePeer = ranksOnThisHost < size_;
+
   ucp_config_t* config = nullptr;
   checkUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  // UCX's automatic rendezvous threshold switches shared-memory messages to
-  // rendezvous at ~8 KiB, doubling the latency of 16-128 KiB messages
-  // (measured: docs/benchmarks.md). A user's own UCX_RNDV_THRESH wins.
-  if (std::getenv("UCX_RNDV_THRESH") == nullptr) ucp_config_modify(config, "RNDV_THRESH", "131072");
+  // Protocol thresholds (measured: docs/benchmarks.md); a user's own UCX_* setting wins.
+  // - One host: UCX's automatic rendezvous threshold switches shared-memory
+  //   messages to rendezvous at ~8 KiB, doubling the latency of 16-128 KiB
+  //   messages: 128 KiB instead.
+  // - Peers on other hosts: rendezvous over UCX's TCP transport reached about
+  //   half a 1 Gbit/s link between namespaces; eager sends in 256 KiB TCP
+  //   segments reach the link rate (as Gloo does).
+  auto setDefault = [&](const char* name, const char* value) {
+    if (std::getenv(fmt::format("UCX_{}", name).c_str()) == nullptr) ucp_config_modify(config, name, value);
+  };
+  setDefault("RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
+  setDefault("TCP_TX_SEG_SIZE", "256k");
+  setDefault("TCP_RX_SEG_SIZE", "256k");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -164,29 +197,13 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   if (ucp_worker_get_efd(worker_, &eventFd_) != UCS_OK) eventFd_ = -1;
   spinRounds_ = static_cast<unsigned>(options.spinRounds);
   postAbortReceive();
-  std::string prefix = options.keyPrefix + "ucx/address/";
-  std::string hostPrefix = options.keyPrefix + "ucx/host/";
-  std::string identity = hostIdentity();
-  std::string hostValue = fmt::format("{} {}", static_cast<long>(getpid()), identity);
-  options.store->set(hostPrefix + std::to_string(rank_), Bytes(hostValue.begin(), hostValue.end()));
   options.store->set(prefix + std::to_string(rank_), address);
 
-  Deadline deadline = deadlineAfter(options.timeoutS);
   endpoints_.assign(size_, nullptr);
   peerSlots_.resize(size_);
   peerStatus_.assign(size_, UCS_OK);
-  localPeerPid_.assign(size_, 0);
-  int ranksOnThisHost = 1;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    Bytes peerHost = options.store->get(hostPrefix + std::to_string(peer), deadline);
-    std::string peerHostText(peerHost.begin(), peerHost.end());
-    size_t space = peerHostText.find(' ');
-    bool sameHost = space != std::string::npos && peerHostText.substr(space + 1) == identity;
-    if (sameHost) {
-      localPeerPid_[peer] = std::stol(peerHostText.substr(0, space));
-      ++ranksOnThisHost;
-    }
     Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
     peerSlots_[peer] = {this, peer};
     ucp_ep_params_t epParams{};
@@ -194,7 +211,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
     epParams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
     // Same process (threads as ranks) or same host: mode NONE allows shared memory.
-    epParams.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    epParams.err_mode = sameHost[peer] ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     epParams.err_handler.cb = &UcxTransport::onEndpointError;
     epParams.err_handler.arg = &peerSlots_[peer];
     checkUcs(ucp_ep_create(worker_, &epParams, &endpoints_[peer]), "ucp_ep_create");
