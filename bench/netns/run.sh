@@ -71,22 +71,26 @@ for ((r = n - 1; r >= 0; r--)); do
   pids[r]=$!
 done
 
-# Wait for every rank; the first failure stops the rest.
+# Wait for every rank; the first failure stops the rest. (Polled: "wait -n" cannot say
+# reliably which of several ranks ended.)
+exited() { [[ ! -e /proc/$1 ]] || [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" == Z ]]; }
 status=0
 declare -A running
 for ((r = 0; r < n; r++)); do running[${pids[r]}]=$r; done
 while ((${#running[@]})); do
-  done_pid=""
-  wait -n -p done_pid "${!running[@]}"
-  rc=$?
-  [[ -n "$done_pid" ]] || break
-  r=${running[$done_pid]}
-  unset "running[$done_pid]"
-  if ((rc != 0 && status == 0)); then
-    status=$rc
-    echo "run.sh: rank $r exited with status $rc; stopping the others" >&2
-    stop_all
-  fi
+  sleep 0.1
+  for p in "${!running[@]}"; do
+    exited "$p" || continue
+    wait "$p"
+    rc=$?
+    r=${running[$p]}
+    unset "running[$p]"
+    if ((rc != 0 && status == 0)); then
+      status=$rc
+      echo "run.sh: rank $r exited with status $rc; stopping the others" >&2
+      stop_all
+    fi
+  done
 done
 wait  # the output filters
 
