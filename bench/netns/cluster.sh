@@ -127,6 +127,10 @@ netem_available() {
 up() {
   [[ -n "$rate" ]] || { echo "cluster.sh up: --rate is required (e.g. --rate 10gbit)" >&2; exit 2; }
   rate_bytes_per_s "$rate" >/dev/null
+  if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    echo "cluster.sh: cannot create network namespaces here: ip and tc missing (apt-get install iproute2)" >&2
+    exit 77
+  fi
   if [[ -e "$state" ]]; then
     die "cluster '$name' is already up (see $state); run 'cluster.sh down --name $name' first"
   fi

@@ -46,13 +46,16 @@ docs=1
 out="$here/results"
 cluster=headline
 : "${RUN_TIMEOUT:=400}"   # seconds per launch
-# UCX over TCP: eager messages in 256 KiB TCP segments instead of rendezvous. shoal's default
-# (rendezvous above 128 KiB, tuned for shared memory) reaches ~55% of a 1 Gbit/s link.
-SHOAL_NET_ENV="${SHOAL_NET_ENV:-UCX_RNDV_THRESH=inf UCX_TCP_TX_SEG_SIZE=256k UCX_TCP_RX_SEG_SIZE=256k}"
+# For TCP links: UCX sends eagerly in 256 KiB TCP segments instead of by rendezvous (shoal's
+# default, rendezvous above 128 KiB, is tuned for shared memory and reaches ~55% of a 1 Gbit/s
+# link across hosts), and a waiting rank yields its core at once (the kernel's TCP, veth and
+# tc work needs the 2 cores that 4 ranks share).
+SHOAL_NET_ENV="${SHOAL_NET_ENV:-UCX_RNDV_THRESH=inf UCX_TCP_TX_SEG_SIZE=256k UCX_TCP_RX_SEG_SIZE=256k SHOAL_SPIN_ROUNDS=0}"
 BIN="${SHOAL_BIN:-$repo/build/bin}"
 PEERS="${PEERS_BIN:-$repo/build/peers}"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+command_line="bench/netns/headline.sh $*"
 while (($#)); do
   case "$1" in
     --size) size=$2; shift 2 ;;
@@ -97,6 +100,7 @@ trap '"$here/cluster.sh" down --name "$cluster" >/dev/null' EXIT
 
 read -r -a net_env <<<"$SHOAL_NET_ENV"
 start=$SECONDS
+load_start="$(cut -d" " -f1-3 /proc/loadavg)"
 failures=0
 
 # run_one RATE CONFIG REP KIND CALLS command...: runs it under wire.sh, records it.
@@ -177,8 +181,10 @@ done
 
 load="$(cut -d' ' -f1-3 /proc/loadavg)"
 {
+  echo "command=$command_line"
   echo "finished=$(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "machine=$(hostname), $(nproc) CPUs, $(uname -r)"
+  echo "load_at_start=$load_start"
   echo "load_at_end=$load"
   echo "size=$size"
   echo "hosts=$hosts"
@@ -192,7 +198,10 @@ load="$(cut -d' ' -f1-3 /proc/loadavg)"
 echo "headline.sh: emulated-cluster runs done in $((SECONDS - start)) s, $failures failure(s)"
 
 if ((loopback)); then
-  # One host, loopback/shared memory: the same programs, swept over message sizes.
+  # One host, loopback/shared memory: the same programs, swept over message sizes. (run.sh
+  # looks for the peer programs in its output folder.)
+  mkdir -p "$raw/loopback"
+  ln -sf "$PEERS/gloo_allreduce" "$PEERS/mpi_allreduce" "$raw/loopback/"
   bash "$repo/bench/peers/run.sh" --no-build -o "$raw/loopback" -N "$hosts" -r "$repeats" -b 4K -e 64M \
     --gloo-algos ring_chunked || failures=$((failures + 1))
   [[ -s "$raw/loopback/medians.tsv" ]] && cp "$raw/loopback/medians.tsv" "$out/loopback_medians.tsv"

@@ -32,16 +32,20 @@ if [[ -s "$res/loopback_medians.tsv" ]]; then
   # Largest rank count in the file; sizes in MiB; one file per library configuration.
   awk -F'\t' -v dir="$tmp/lb" 'NR > 1 && $2 > n { n = $2 } { rows[NR] = $0 }
     END { for (i = 2; i <= NR; i++) { split(rows[i], c, "\t"); if (c[2] != n || c[6] == "") continue
-            f = c[1]; gsub(/[^A-Za-z0-9]+/, "_", f); print c[3] / 1048576, c[6] >> (dir "/" f ".dat") }
+            f = c[1]; gsub(/[^A-Za-z0-9]+/, "_", f); print c[3], c[6] >> (dir "/" f ".dat") }
           print n > (dir "/nranks") }' "$res/loopback_medians.tsv"
   n=$(cat "$tmp/lb/nranks")
+  # x tics at the measured sizes, labelled 4K, 64K, 1M, ...
+  xtics=$(cat "$tmp"/lb/*.dat | awk '{ print $1 }' | sort -gu | awk '{ v = $1; u = "";
+    if (v >= 1048576) { v /= 1048576; u = "M" } else if (v >= 1024) { v /= 1024; u = "K" }
+    printf "%s\"%g%s\" %s", (NR > 1 ? ", " : ""), v, u, $1 }')
   for f in "$tmp"/lb/*.dat; do sort -g -o "$f" "$f"; done
   gnuplot <<EOF
 set terminal pngcairo size 900,560 font "sans,11"
 set output "$img/loopback_busbw.png"
 set title "Allreduce on one host (loopback / shared memory), $n ranks on 2 cores"
-set xlabel "message size (MiB)"; set ylabel "busbw (GB/s)"
-set logscale x 2; set format x "%g"; set grid; set key top left
+set xlabel "message size (bytes)"; set ylabel "busbw (GB/s)"
+set logscale x 2; set xtics ($xtics); set grid; set key top left
 plot $(series_plot "$tmp/lb")
 EOF
   echo "plot.sh: $img/loopback_busbw.png"
