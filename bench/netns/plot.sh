@@ -45,7 +45,7 @@ set terminal pngcairo size 900,560 font "sans,11"
 set output "$img/loopback_busbw.png"
 set title "Allreduce on one host (loopback / shared memory), $n ranks on 2 cores"
 set xlabel "message size (bytes)"; set ylabel "busbw (GB/s)"
-set logscale x 2; set xtics ($xtics); set grid; set key top left
+set logscale x 2; set xtics ($xtics); set offsets graph 0.03, graph 0.03, 0, 0; set grid; set key top left
 plot $(series_plot "$tmp/lb")
 EOF
   echo "plot.sh: $img/loopback_busbw.png"
@@ -62,7 +62,7 @@ set terminal pngcairo size 900,560 font "sans,11"
 set output "$img/sketch_speedup.png"
 set title "Emulated cluster: compressed allreduce vs dense shoal on sparse inputs"
 set xlabel "input density per rank (%)"; set ylabel "speedup over dense shoal (time)"
-set logscale xy; set format x "%g"; set grid; set key top right
+set logscale xy; set format x "%g"; set offsets graph 0.05, graph 0.05, 0, 0; set grid; set key top right
 plot $(series_plot "$tmp/sp"), 1 with lines dt 2 lc rgb "gray" title "dense"
 EOF
   echo "plot.sh: $img/sketch_speedup.png"
