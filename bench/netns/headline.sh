@@ -207,6 +207,7 @@ if ((loopback)); then
   [[ -s "$raw/loopback/medians.tsv" ]] && cp "$raw/loopback/medians.tsv" "$out/loopback_medians.tsv"
 fi
 
+mkdir -p "$out"
 python3 "$here/report.py" --manifest "$manifest" --meta "$raw/meta.txt" --out "$out" || exit 1
 "$here/plot.sh" "$out" "$repo/docs/img" || failures=$((failures + 1))
 if ((docs)); then

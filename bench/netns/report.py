@@ -72,6 +72,10 @@ def read_runs(manifest):
                 tx = [h["tx_bytes"] for h in wj["hosts"]]
                 run["wire_bytes"] = statistics.mean(tx) / int(calls)
                 run["cpu"] = wj["cpu_jiffies"]
+                ranks_cpu = wj.get("command_cpu_seconds")
+                if ranks_cpu:
+                    run["rank_cpu_s"] = (ranks_cpu["user"] + ranks_cpu["system"]) / int(calls)
+                    run["rank_sys_share"] = ranks_cpu["system"] / max(1e-9, ranks_cpu["user"] + ranks_cpu["system"])
                 if kind == "shoal":
                     with open(js) as j:
                         sj = json.load(j)
@@ -112,6 +116,9 @@ def summarise(runs, meta):
                 "wrong": sum(wrong) if wrong else None,
                 "cpu": cpu,
             }
+            if all("rank_cpu_s" in r for r in rs):
+                configs[config]["rank_cpu_s"] = statistics.median(r["rank_cpu_s"] for r in rs)
+                configs[config]["rank_sys_share"] = statistics.median(r["rank_sys_share"] for r in rs)
         for config, c in configs.items():
             payload = RESNET_BYTES if config.startswith("resnet") else size
             c["effective_algbw"] = payload / c["time_us"] / 1e3  # GB/s
@@ -174,8 +181,8 @@ def markdown(summary):
             "",
             "| configuration | time / call (ms) | effective algbw (GB/s) | wire MB / rank / call "
             "| fewer bytes than dense | speedup vs dense shoal | speedup vs best peer "
-            "| busbw / link | #wrong | CPU user / sys / softirq / idle |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| busbw / link | #wrong | ranks' CPU s / call (system %) | machine CPU user / sys / softirq / idle |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for config, c in r["configs"].items():
             cpu = c["cpu"]
@@ -186,6 +193,8 @@ def markdown(summary):
                 f"| {fmt(c.get('speedup_vs_best_peer'), '.2f')}{'×' if 'speedup_vs_best_peer' in c else ''} "
                 f"| {fmt(c.get('link_fraction') and c['link_fraction'] * 100, '.0f')}"
                 f"{'%' if 'link_fraction' in c else ''} | {fmt(c['wrong'], 'd')} "
+                f"| {fmt(c.get('rank_cpu_s'), '.2f')}"
+                f"{' (%.0f%%)' % (c['rank_sys_share'] * 100) if 'rank_sys_share' in c else ''} "
                 f"| {cpu['user'] * 100:.0f} / {cpu['system'] * 100:.0f} / {cpu['softirq'] * 100:.0f}"
                 f" / {cpu['idle'] * 100:.0f}% |")
         lines.append("")

@@ -7,7 +7,9 @@
 # /sys/class/net/eth0/statistics, read inside the host's namespace: measured at the interface,
 # Ethernet, IP and TCP headers included), the seconds the command took, and how the whole
 # machine's CPU time split meanwhile (/proc/stat: user, system, softirq, idle, other; other
-# jobs on the machine count too). The exit status is the command's.
+# jobs on the machine count too), and the CPU seconds the command's processes used (user and
+# system, from the shell's "times": every rank, as each is waited for by its launcher). The
+# exit status is the command's.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 name=shoalnet
@@ -34,6 +36,14 @@ t0=$(date +%s.%N)
 "$@"
 status=$?
 t1=$(date +%s.%N)
+# "times" prints the shell's own user/system time, then its children's: "0m1.500s 0m0.250s".
+# (Run in this shell, not in a pipeline's subshell, which has no children of its own.)
+times_file=$(mktemp)
+times >"$times_file"
+children_cpu=$(tail -n1 "$times_file")
+rm -f "$times_file"
+seconds_of() { awk -v t="$1" 'BEGIN { split(t, p, "m"); sub("s", "", p[2]); print p[1] * 60 + p[2] }'; }
+read -r child_user child_sys <<<"$children_cpu"
 cpu1=$(cpu)
 mapfile -t after < <(counters)
 
@@ -51,7 +61,8 @@ mapfile -t after < <(counters)
   d() { echo $((local_b[$1] - local_a[$1])); }
   total=0; for ((i = 1; i < ${#local_a[@]} && i <= 8; i++)); do total=$((total + $(d $i))); done
   user=$(($(d 1) + $(d 2))); sys=$(d 3); idle=$(($(d 4) + $(d 5))); softirq=$(($(d 6) + $(d 7)))
-  printf '{"user": %d, "system": %d, "softirq": %d, "idle": %d, "other": %d, "total": %d}}\n' \
+  printf '{"user": %d, "system": %d, "softirq": %d, "idle": %d, "other": %d, "total": %d},\n' \
     "$user" "$sys" "$softirq" "$idle" $((total - user - sys - idle - softirq)) "$total"
+  printf ' "command_cpu_seconds": {"user": %s, "system": %s}}\n' "$(seconds_of "$child_user")" "$(seconds_of "$child_sys")"
 } >"$out"
 exit "$status"
