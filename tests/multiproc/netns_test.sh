@@ -51,8 +51,8 @@ fi
 
 echo "== a rank killed in the middle of an allreduce"
 # Started by hand, not by run.sh (which would stop the survivor as soon as rank 1 dies).
-export SHOAL_WORLD_SIZE=2 SHOAL_STORE=tcp://10.211.0.1:29612 \
-  SHOAL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+SHOAL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export SHOAL_WORLD_SIZE=2 SHOAL_STORE=tcp://10.211.0.1:29612 SHOAL_TOKEN
 ip netns exec "$name-h2" env SHOAL_RANK=1 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill >/dev/null 2>&1 &
 start=$SECONDS
 ip netns exec "$name-h1" env SHOAL_RANK=0 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill
