@@ -142,7 +142,7 @@ for rate in $rates; do
     if want gloo; then
       store=$(mktemp -d "${TMPDIR:-/tmp}/shoal-gloo.XXXXXX")
       run_one "$rate" gloo "$rep" peer "$peer_calls" "${launch[@]}" "$PEERS/gloo_allreduce" \
-        --rank {rank} --size {size} --host {addr} --store-dir "$store" --algo ring_chunked "${bench_args[@]}"
+        --rank '{rank}' --size '{size}' --host '{addr}' --store-dir "$store" --algo ring_chunked "${bench_args[@]}"
       rm -rf "$store"
     fi
     if want ompi; then
