@@ -23,7 +23,7 @@
 # and finally report.py and plot.sh: bench/netns/results/{headline.json,headline.md,
 # loopback_medians.tsv}, docs/img/*.png, and the tables between the "headline" markers of
 # docs/benchmarks.md (unless --no-docs). Raw logs and per-run JSON go to OUT/raw (default
-# OUT = bench/netns/results; raw/ is not committed).
+# OUT = bench/netns/results; raw/ is not committed). With --no-docs the plots go to OUT/img.
 #
 # Needs root (network namespaces), and scripts/setup.sh --peers for Gloo, Open MPI and gnuplot.
 # Builds shoal-bench, resnet50-bench and the peer programs if they are missing. Every launch
@@ -209,9 +209,11 @@ fi
 
 mkdir -p "$out"
 python3 "$here/report.py" --manifest "$manifest" --meta "$raw/meta.txt" --out "$out" || exit 1
-"$here/plot.sh" "$out" "$repo/docs/img" || failures=$((failures + 1))
+img="$repo/docs/img"
+((docs)) || img="$out/img"  # a trial run leaves the documented plots alone
+"$here/plot.sh" "$out" "$img" || failures=$((failures + 1))
 if ((docs)); then
   python3 "$here/report.py" --splice "$out/headline.md" "$repo/docs/benchmarks.md" || exit 1
 fi
-echo "headline.sh: wrote $out/headline.md, $out/headline.json; plots in docs/img; $failures failure(s)"
+echo "headline.sh: wrote $out/headline.md, $out/headline.json; plots in $img; $failures failure(s)"
 ((failures == 0))
