@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages shoal needs to build, test and benchmark.
 # Idempotent: does nothing when everything is present.
-# Usage: scripts/setup.sh [--peers]   (--peers: also Gloo and Open MPI for bench/peers)
+# Usage: scripts/setup.sh [--peers]   (--peers: also Gloo, Open MPI, iproute2 and gnuplot for
+#                                      bench/peers and the emulated cluster of bench/netns)
 set -euo pipefail
 
 packages=(
@@ -11,9 +12,10 @@ packages=(
   python3
 )
 
-# The peers benchmark (bench/peers/) also needs Gloo and Open MPI.
+# The peers benchmark (bench/peers/) also needs Gloo and Open MPI; bench/netns needs
+# iproute2 (ip, tc) and gnuplot for its plots.
 if [ "${1:-}" = "--peers" ]; then
-  packages+=(libgloo-dev openmpi-bin libopenmpi-dev)
+  packages+=(libgloo-dev openmpi-bin libopenmpi-dev iproute2 gnuplot-nox)
 fi
 
 missing=()

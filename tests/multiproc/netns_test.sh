@@ -1,45 +1,79 @@
 #!/usr/bin/env bash
-# Two emulated hosts (network namespaces joined by a veth pair): ranks in
-# different namespaces count as different hosts, so they talk over TCP through
-# the veth with UCX's peer-failure detection. Checks an exact allreduce across
-# them, and that killing one rank fails the other promptly.
-# Usage: netns_test.sh <bin dir>. Exits 77 (skipped) where namespaces cannot be made.
+# CI smoke test of the emulated cluster (bench/netns): two hosts at 1 Gbit/s made by
+# cluster.sh, one rank each started by run.sh with host 1's store address, as across real
+# machines. Ranks in different namespaces count as different hosts, so they talk over TCP
+# through the veths and the bridge. Checks:
+#   - dense and sketch (1% density) allreduces across the hosts are exact, and the sketch puts
+#     at least 3x fewer bytes on the wire than dense (eth0's counters, read by wire.sh);
+#   - killing one rank in the middle of an allreduce fails the other promptly;
+#   - cluster.sh refuses a namespace name it did not create, and down removes all it made.
+# Usage: netns_test.sh <bin dir>. Exits 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
 bin=$1
-a=shoal_t$$_a b=shoal_t$$_b
-cleanup() { ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null; }
+netns="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../bench/netns" && pwd)"
+name="ct$$"
+export SHOAL_NETNS_STATE_DIR="${TMPDIR:-/tmp}/shoal-netns-test.$$"
+tmp=$(mktemp -d)
+cleanup() { "$netns/cluster.sh" down --name "$name" >/dev/null 2>&1; rm -rf "$tmp" "$SHOAL_NETNS_STATE_DIR"; }
 trap cleanup EXIT
-if ! ip netns add "$a" 2>/dev/null || ! ip netns add "$b" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
-  exit 77
-fi
-ip link add "v$$a" type veth peer name "v$$b" || exit 1
-ip link set "v$$a" netns "$a" && ip link set "v$$b" netns "$b" || exit 1
-ip -n "$a" addr add 10.77.0.1/24 dev "v$$a" && ip -n "$b" addr add 10.77.0.2/24 dev "v$$b" || exit 1
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "v$$a" up && ip -n "$b" link set "v$$b" up || exit 1
 
-export SHOAL_WORLD_SIZE=2 SHOAL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n') SHOAL_TIMEOUT_S=20
+"$netns/cluster.sh" up 2 --rate 1gbit --name "$name"
+case $? in
+  0) ;;
+  77) echo "SKIP: cannot create network namespaces here (needs root and iproute2)"; exit 77 ;;
+  *) echo "FAIL: cluster.sh up"; exit 1 ;;
+esac
+export SHOAL_TIMEOUT_S=20
 fail=0
+launch=("$netns/run.sh" --name "$name" --timeout-s 60)
 
-echo "== exact allreduce across two namespaces"
-export SHOAL_STORE=tcp://10.77.0.1:29611
-ip netns exec "$b" env SHOAL_RANK=1 timeout 60 "$bin/shoal-bench" -b 8 -e 1M -f 32 -n 3 -w 1 >/dev/null 2>&1 &
-peer=$!
-ip netns exec "$a" env SHOAL_RANK=0 timeout 60 "$bin/shoal-bench" -b 8 -e 1M -f 32 -n 3 -w 1 | grep -v "#  Rank" || fail=1
-wait $peer || fail=1
+# field FILE KEY: a top-level number or string of a JSON file.
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+tx_total() { python3 -c 'import json,sys; print(sum(h["tx_bytes"] for h in json.load(open(sys.argv[1]))["hosts"]))' "$1"; }
+
+echo "== dense and sketch allreduce across two namespaces, 4 MiB, 1 Gbit/s"
+for c in none sketch; do
+  "$netns/wire.sh" --name "$name" "$tmp/$c.wire" -- "${launch[@]}" "$bin/shoal-bench" \
+    -b 4M -e 4M -n 2 -w 1 --compressor "$c" --density 0.01 --json "$tmp/$c.json" | grep -v "#  Rank" ||
+    { echo "FAIL: $c allreduce (non-zero exit: wrong elements or an error)"; fail=1; }
+done
+if [[ -s "$tmp/none.json" && -s "$tmp/sketch.json" ]]; then
+  dense=$(tx_total "$tmp/none.wire") sketch=$(tx_total "$tmp/sketch.wire")
+  echo "bytes sent by both hosts' eth0: dense $dense, sketch $sketch"
+  [[ "$(field "$tmp/sketch.json" wrong)" == 0 && "$(field "$tmp/none.json" wrong)" == 0 ]] ||
+    { echo "FAIL: wrong elements"; fail=1; }
+  [[ "$(field "$tmp/sketch.json" error_kind)" == exact ]] || { echo "FAIL: sketch is not declared exact"; fail=1; }
+  ((dense > 30000000)) || { echo "FAIL: dense sent $dense bytes, expected > 30 MB (did it use the veths?)"; fail=1; }
+  ((sketch * 3 < dense)) || { echo "FAIL: the sketch did not send 3x fewer bytes than dense"; fail=1; }
+else
+  echo "FAIL: no JSON results"; fail=1
+fi
 
 echo "== a rank killed in the middle of an allreduce"
-export SHOAL_STORE=tcp://10.77.0.1:29612
-ip netns exec "$b" env SHOAL_RANK=1 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill >/dev/null 2>&1 &
-start=$(date +%s)
-ip netns exec "$a" env SHOAL_RANK=0 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill
+# Started by hand, not by run.sh (which would stop the survivor as soon as rank 1 dies).
+SHOAL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export SHOAL_WORLD_SIZE=2 SHOAL_STORE=tcp://10.211.0.1:29612 SHOAL_TOKEN
+ip netns exec "$name-h2" env SHOAL_RANK=1 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill >/dev/null 2>&1 &
+start=$SECONDS
+ip netns exec "$name-h1" env SHOAL_RANK=0 timeout 60 "$bin/rank_worker" die-mid-allreduce 1 kill
 status=$?
-elapsed=$(($(date +%s) - start))
+elapsed=$((SECONDS - start))
 wait
 echo "survivor exit status $status after ${elapsed}s"
 [ "$status" -eq 3 ] || { echo "FAIL: the survivor should report an error (exit 3)"; fail=1; }
 [ "$elapsed" -lt 15 ] || { echo "FAIL: took ${elapsed}s, more than 15"; fail=1; }
+
+echo "== cluster.sh touches only what it made"
+ip netns add "${name}x-h2" || { echo "FAIL: ip netns add"; fail=1; }
+if "$netns/cluster.sh" up 2 --rate 1gbit --name "${name}x" 2>"$tmp/refuse.err"; then
+  echo "FAIL: cluster.sh up used an existing namespace"; fail=1
+  "$netns/cluster.sh" down --name "${name}x"
+fi
+ip netns list | grep -q "^${name}x-h2" || { echo "FAIL: the foreign namespace was removed"; fail=1; }
+ip netns list | grep -q "^${name}x-sw" && { echo "FAIL: a refused cluster left its switch behind"; fail=1; }
+ip netns del "${name}x-h2" 2>/dev/null
+"$netns/cluster.sh" down --name "$name" || { echo "FAIL: cluster.sh down"; fail=1; }
+ip netns list | grep -q "^$name-" && { echo "FAIL: namespaces left after down"; fail=1; }
 
 [ "$fail" -eq 0 ] && echo "netns test: PASS" || echo "netns test: FAIL"
 exit $fail
