@@ -46,11 +46,10 @@ docs=1
 out="$here/results"
 cluster=headline
 : "${RUN_TIMEOUT:=400}"   # seconds per launch
-# For TCP links: UCX sends eagerly in 256 KiB TCP segments instead of by rendezvous (shoal's
-# default, rendezvous above 128 KiB, is tuned for shared memory and reaches ~55% of a 1 Gbit/s
-# link across hosts), and a waiting rank yields its core at once (the kernel's TCP, veth and
-# tc work needs the 2 cores that 4 ranks share).
-SHOAL_NET_ENV="${SHOAL_NET_ENV:-UCX_RNDV_THRESH=inf UCX_TCP_TX_SEG_SIZE=256k UCX_TCP_RX_SEG_SIZE=256k SHOAL_SPIN_ROUNDS=0}"
+# shoal's UCX defaults already suit TCP links between hosts (eager sends, lib/transport/ucx);
+# for the compressed runs and `shoal dense (TCP env)` a waiting rank also yields its core at once
+# (the kernel's TCP, veth and tc work needs the 2 cores that 4 ranks share).
+SHOAL_NET_ENV="${SHOAL_NET_ENV:-SHOAL_SPIN_ROUNDS=0}"
 BIN="${SHOAL_BIN:-$repo/build/bin}"
 PEERS="${PEERS_BIN:-$repo/build/peers}"
 

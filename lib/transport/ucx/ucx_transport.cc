@@ -166,14 +166,10 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   //   messages to rendezvous at ~8 KiB, doubling the latency of 16-128 KiB
   //   messages: 128 KiB instead.
   // - Peers on other hosts: rendezvous over UCX's TCP transport reached about
-  //   half a 1 Gbit/s link between namespaces; eager sends in 256 KiB TCP
-  //   segments reach the link rate (as Gloo does).
-  auto setDefault = [&](const char* name, const char* value) {
-    if (std::getenv(fmt::format("UCX_{}", name).c_str()) == nullptr) ucp_config_modify(config, name, value);
-  };
-  setDefault("RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
-  setDefault("TCP_TX_SEG_SIZE", "256k");
-  setDefault("TCP_RX_SEG_SIZE", "256k");
+  //   half a 1 Gbit/s link between namespaces; eager sends reach the link
+  //   rate (as Gloo does; bench/netns, docs/benchmarks.md).
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr)
+    ucp_config_modify(config, "RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
