@@ -58,6 +58,18 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
          call);
 }
 
+// Runs checks that come before the body takes the call's sequence number: a
+// refusal still takes it (see runCollective), so the next call pairs up.
+template <typename Checks>
+void refuseTakingNumber(shoal_comm& c, Checks&& checks) {
+  try {
+    checks();
+  } catch (const Error&) {
+    c.sequence++;
+    throw;
+  }
+}
+
 // Elements of a tensor after checking its rank and shape.
 size_t checkedElements(const char* call, const char* name, const shoal_tensor_t* tensor) {
   if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, name);
@@ -244,13 +256,10 @@ SHOAL_EXPORT shoal_status_t shoal_allgather(shoal_comm_t comm, const void* sendb
     runtime::blockingCall(c, call, [&] {
       // allgathervBody checks the rest and takes the call's sequence number;
       // a refusal here takes it instead.
-      try {
+      refuseTakingNumber(c, [&] {
         checkDtype(call, dtype);
         checkedBytes(call, "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
-      } catch (const Error&) {
-        c.sequence++;
-        throw;
-      }
+      });
       std::vector<size_t> counts(static_cast<size_t>(c.size), sendcount);
       allgathervBody(c, call, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
     });
@@ -320,12 +329,7 @@ SHOAL_EXPORT shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoa
         checkNoPartialOverlap(call, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
       };
       if (!route.cuda) {
-        try {
-          checks();
-        } catch (const Error&) {
-          c.sequence++;
-          throw;
-        }
+        refuseTakingNumber(c, checks);
         std::vector<size_t> counts(static_cast<size_t>(c.size), count);
         return allgathervBody(c, call, input->data, count, output->data, counts.data(), nullptr, input->dtype);
       }
@@ -356,12 +360,7 @@ SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoa
           fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
       };
       if (!route.cuda) {
-        try {
-          checks();
-        } catch (const Error&) {
-          c.sequence++;
-          throw;
-        }
+        refuseTakingNumber(c, checks);
         return broadcastBody(c, call, tensor->data, tensor->data, count, tensor->dtype, root);
       }
       const uint64_t sequence = c.sequence++;
