@@ -9,6 +9,7 @@
 
 #include "api/comm.h"
 #include "api/run.h"
+#include "runtime/blocking.h"
 #include "collectives/common/reducer.h"
 #include "shoal/lowrank.h"
 
@@ -50,57 +51,59 @@ SHOAL_EXPORT shoal_status_t shoal_fused_allreduce(shoal_comm_t comm, const shoal
   return guarded(comm, [&] {
     const char* call = "shoal_fused_allreduce";
     shoal_comm& c = usableComm(comm, call);
-    const uint64_t sequence = c.sequence++;  // taken even when the arguments are refused (see run.h)
-    if (tensors == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors is NULL; pass an array of tensors", call);
-    if (num_tensors <= 0)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: num_tensors is {}; pass at least one tensor", call, num_tensors);
-    if (op != SHOAL_SUM && op != SHOAL_AVG)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not supported; use SHOAL_SUM or SHOAL_AVG", call,
-           shoal_op_name(op));
-    const shoal_dtype_t dtype = tensors[0].dtype;
-    const size_t element = dtypeSize(dtype);
-    if (element == 0)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors[0].dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64",
-           call, static_cast<int>(dtype));
-    if (!isValidDtypeOp(dtype, op))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}", call, shoal_op_name(op),
-           shoal_dtype_name(dtype));
-    std::vector<size_t> counts(static_cast<size_t>(num_tensors));
-    size_t total = 0;
-    for (int i = 0; i < num_tensors; ++i) {
-      const shoal_tensor_t& tensor = tensors[i];
-      if (tensor.dtype != dtype)
-        fail(SHOAL_ERR_INVALID_ARGUMENT,
-             "{}: tensors[{}].dtype is {} but tensors[0].dtype is {}; all tensors of one fused call must share a "
-             "dtype (make one call per dtype)",
-             call, i, shoal_dtype_name(tensor.dtype), shoal_dtype_name(dtype));
-      if (tensor.memory != SHOAL_MEMORY_HOST)
-        fail(SHOAL_ERR_UNSUPPORTED,
-             "{}: tensors[{}] is not in host memory; the fused call takes host tensors (for CUDA tensors, pack "
-             "them into one device buffer and call shoal_allreduce_tensor)",
-             call, i);
-      counts[i] = tensorElements(call, i, tensor);
-      if (counts[i] > 0 && tensor.data == nullptr)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors[{}].data is NULL but it holds {} elements", call, i,
-             counts[i]);
-      if (kMaxSize / element - total < counts[i])
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: the tensors' total size overflows the addressable size; split the call",
-             call);
-      total += counts[i];
-    }
-    // Scratch slot 2 is free during an allreduce (slots 0 and 1 are the ring's receive buffers).
-    uint8_t* flat = total > 0 ? c.scratch.get(2, total * element) : nullptr;
-    size_t offset = 0;
-    for (int i = 0; i < num_tensors; ++i) {
-      if (counts[i] > 0) std::memcpy(flat + offset, tensors[i].data, counts[i] * element);
-      offset += counts[i] * element;
-    }
-    plainAllreduce(c, sequence, flat, flat, total, dtype, op);
-    offset = 0;
-    for (int i = 0; i < num_tensors; ++i) {
-      if (counts[i] > 0) std::memcpy(tensors[i].data, flat + offset, counts[i] * element);
-      offset += counts[i] * element;
-    }
+    runtime::blockingCall(c, call, [&] {
+      const uint64_t sequence = c.sequence++;  // taken even when the arguments are refused (see run.h)
+      if (tensors == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors is NULL; pass an array of tensors", call);
+      if (num_tensors <= 0)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: num_tensors is {}; pass at least one tensor", call, num_tensors);
+      if (op != SHOAL_SUM && op != SHOAL_AVG)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not supported; use SHOAL_SUM or SHOAL_AVG", call,
+             shoal_op_name(op));
+      const shoal_dtype_t dtype = tensors[0].dtype;
+      const size_t element = dtypeSize(dtype);
+      if (element == 0)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors[0].dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64",
+             call, static_cast<int>(dtype));
+      if (!isValidDtypeOp(dtype, op))
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}", call, shoal_op_name(op),
+             shoal_dtype_name(dtype));
+      std::vector<size_t> counts(static_cast<size_t>(num_tensors));
+      size_t total = 0;
+      for (int i = 0; i < num_tensors; ++i) {
+        const shoal_tensor_t& tensor = tensors[i];
+        if (tensor.dtype != dtype)
+          fail(SHOAL_ERR_INVALID_ARGUMENT,
+               "{}: tensors[{}].dtype is {} but tensors[0].dtype is {}; all tensors of one fused call must share a "
+               "dtype (make one call per dtype)",
+               call, i, shoal_dtype_name(tensor.dtype), shoal_dtype_name(dtype));
+        if (tensor.memory != SHOAL_MEMORY_HOST)
+          fail(SHOAL_ERR_UNSUPPORTED,
+               "{}: tensors[{}] is not in host memory; the fused call takes host tensors (for CUDA tensors, pack "
+               "them into one device buffer and call shoal_allreduce_tensor)",
+               call, i);
+        counts[i] = tensorElements(call, i, tensor);
+        if (counts[i] > 0 && tensor.data == nullptr)
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors[{}].data is NULL but it holds {} elements", call, i,
+               counts[i]);
+        if (kMaxSize / element - total < counts[i])
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: the tensors' total size overflows the addressable size; split the call",
+               call);
+        total += counts[i];
+      }
+      // Scratch slot 2 is free during an allreduce (slots 0 and 1 are the ring's receive buffers).
+      uint8_t* flat = total > 0 ? c.scratch.get(2, total * element) : nullptr;
+      size_t offset = 0;
+      for (int i = 0; i < num_tensors; ++i) {
+        if (counts[i] > 0) std::memcpy(flat + offset, tensors[i].data, counts[i] * element);
+        offset += counts[i] * element;
+      }
+      plainAllreduce(c, sequence, flat, flat, total, dtype, op);
+      offset = 0;
+      for (int i = 0; i < num_tensors; ++i) {
+        if (counts[i] > 0) std::memcpy(tensors[i].data, flat + offset, counts[i] * element);
+        offset += counts[i] * element;
+      }
+    });
   });
 }
 

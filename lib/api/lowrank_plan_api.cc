@@ -11,6 +11,7 @@
 
 #include "api/comm.h"
 #include "api/run.h"
+#include "runtime/blocking.h"
 #include "collectives/common/reducer.h"
 #include "compressors/powersgd/powersgd_engine.h"
 #include "compressors/powersgd/powersgd_math.h"
@@ -297,27 +298,29 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_
   return guarded(comm, [&] {
     const char* call = "shoal_lowrank_step";
     shoal_comm& c = usableComm(comm, call);
-    shoal_lowrank_plan& p = usablePlan(plan, call);
-    if (p.memory != SHOAL_MEMORY_HOST)
-      fail(SHOAL_ERR_UNSUPPORTED, "{}: takes host plans; drive a CUDA plan with the split phases and your own "
-           "allreduces on its stream", call);
-    checkOp(call, op);
-    checkTensors(call, "grads", p, grads);
-    checkTensors(call, "outputs", p, reinterpret_cast<const void* const*>(outputs));
-    p.phase = shoal_lowrank_plan::kExpectP;
-    agreeOnPlan(c, p, call);
-    p.pbuf.resize(p.layout.pBufferElems());  // every element read is written first: no fill
-    p.qbuf.resize(p.layout.qElems);
-    try {
-      const size_t pCount = runPhaseP(p, grads, p.pbuf.data());
-      if (pCount) plainAllreduce(c, c.sequence++, p.pbuf.data(), p.pbuf.data(), pCount, SHOAL_F32, SHOAL_SUM);
-      const size_t qCount = runPhaseQ(p, p.pbuf.data(), p.qbuf.data());
-      if (qCount) plainAllreduce(c, c.sequence++, p.qbuf.data(), p.qbuf.data(), qCount, SHOAL_F32, SHOAL_SUM);
-      runFinish(p, p.pbuf.data(), p.qbuf.data(), outputs, c.size, op);
-    } catch (...) {
+    runtime::blockingCall(c, call, [&] {
+      shoal_lowrank_plan& p = usablePlan(plan, call);
+      if (p.memory != SHOAL_MEMORY_HOST)
+        fail(SHOAL_ERR_UNSUPPORTED, "{}: takes host plans; drive a CUDA plan with the split phases and your own "
+             "allreduces on its stream", call);
+      checkOp(call, op);
+      checkTensors(call, "grads", p, grads);
+      checkTensors(call, "outputs", p, reinterpret_cast<const void* const*>(outputs));
       p.phase = shoal_lowrank_plan::kExpectP;
-      throw;
-    }
+      agreeOnPlan(c, p, call);
+      p.pbuf.resize(p.layout.pBufferElems());  // every element read is written first: no fill
+      p.qbuf.resize(p.layout.qElems);
+      try {
+        const size_t pCount = runPhaseP(p, grads, p.pbuf.data());
+        if (pCount) plainAllreduce(c, c.sequence++, p.pbuf.data(), p.pbuf.data(), pCount, SHOAL_F32, SHOAL_SUM);
+        const size_t qCount = runPhaseQ(p, p.pbuf.data(), p.qbuf.data());
+        if (qCount) plainAllreduce(c, c.sequence++, p.qbuf.data(), p.qbuf.data(), qCount, SHOAL_F32, SHOAL_SUM);
+        runFinish(p, p.pbuf.data(), p.qbuf.data(), outputs, c.size, op);
+      } catch (...) {
+        p.phase = shoal_lowrank_plan::kExpectP;
+        throw;
+      }
+    });
   });
 }
 

@@ -14,6 +14,7 @@
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
 #include "runtime/async_helpers.h"
+#include "shoal/lowrank.h"
 #include "shoal/shoal.h"
 
 namespace shoal::test {
@@ -342,6 +343,24 @@ TEST(Async, BlockingCallsMixWithPendingRequests) {
         ASSERT_TRUE(callOk(shoal_reduce_scatter(comm, blocks.data(), &reduced, 1, SHOAL_I32, SHOAL_SUM), comm, "rs"));
         EXPECT_EQ(reduced, 0 + 1 + 2);
         ASSERT_TRUE(callOk(shoal_barrier(comm), comm, "barrier"));
+        // The tensor calls and the fused allreduce go through the engine too.
+        std::vector<int32_t> all(kRanks, -1);
+        shoal_tensor_t mineTensor = shoal_tensor_1d(&mine, 1, SHOAL_I32);
+        shoal_tensor_t allTensor = shoal_tensor_1d(all.data(), kRanks, SHOAL_I32);
+        ASSERT_TRUE(callOk(shoal_allgather_tensor(comm, &mineTensor, &allTensor), comm, "allgather_tensor"));
+        for (int r = 0; r < kRanks; ++r) EXPECT_EQ(all[r], 10 * r);
+        int64_t fromRoot = rank == 1 ? 77 : 0;
+        shoal_tensor_t rootTensor = shoal_tensor_1d(&fromRoot, 1, SHOAL_I64);
+        ASSERT_TRUE(callOk(shoal_broadcast_tensor(comm, &rootTensor, 1), comm, "broadcast_tensor"));
+        EXPECT_EQ(fromRoot, 77);
+        float first[2] = {float(rank), 1}, second[3] = {2, float(rank), 3};
+        shoal_tensor_t fused[2] = {shoal_tensor_1d(first, 2, SHOAL_F32), shoal_tensor_1d(second, 3, SHOAL_F32)};
+        ASSERT_TRUE(callOk(shoal_fused_allreduce(comm, fused, 2, SHOAL_SUM), comm, "fused_allreduce"));
+        EXPECT_EQ(first[0], 3.0f);
+        EXPECT_EQ(first[1], 3.0f);
+        EXPECT_EQ(second[0], 6.0f);
+        EXPECT_EQ(second[1], 3.0f);
+        EXPECT_EQ(second[2], 9.0f);
       }
     }
     waitAndFree(requests, kWaitS, "mixed with blocking");
