@@ -18,6 +18,7 @@
 
 #include "collectives/common/element_ops.h"
 #include "compressors/powersgd/powersgd_engine.h"
+#include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/lowrank.h"
@@ -27,15 +28,10 @@ namespace {
 
 using shoal::test::runRanks;
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
 
 float uniform(uint64_t a, uint64_t b, uint64_t c, uint64_t i) {
-  uint64_t h = mix(a ^ mix(b * 1000003u ^ mix(c * 7919u ^ mix(i))));
+  uint64_t h = mix64(a ^ mix64(b * 1000003u ^ mix64(c * 7919u ^ mix64(i))));
   return static_cast<float>(double(h >> 11) * 0x1.0p-52 - 1.0);
 }
 

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "compressors/powersgd/powersgd_math.h"
+#include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
@@ -21,16 +22,11 @@ namespace {
 
 using shoal::test::runRanks;
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
 
 // Uniform in [-1, 1) from (seed, a, b, i).
 float uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t i) {
-  uint64_t h = mix(seed ^ mix(a * 1000003u ^ mix(b * 7919u ^ mix(i))));
+  uint64_t h = mix64(seed ^ mix64(a * 1000003u ^ mix64(b * 7919u ^ mix64(i))));
   return static_cast<float>(double(h >> 11) * 0x1.0p-52 - 1.0);
 }
 

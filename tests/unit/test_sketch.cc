@@ -21,6 +21,7 @@
 
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
+#include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
@@ -29,13 +30,8 @@ namespace {
 
 using shoal::test::runRanks;
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix(a ^ mix(b ^ mix(c))); }
+using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
+uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix64(a ^ mix64(b ^ mix64(c))); }
 double unit(uint64_t h) { return double(h >> 11) * 0x1.0p-53; }  // [0, 1)
 
 uint32_t bitsOf(float f) {
@@ -578,9 +574,9 @@ TEST(SketchMath, OneLimbFastPathMatchesBigPath) {
   // decodeOneLimb (128-bit) against the 512-bit path, sum and avg, over scales
   // that reach subnormals, overflow and zero.
   for (uint64_t s = 0; s < 200000; ++s) {
-    int64_t S = int64_t(mix(s)) >> (mix(s + 1) % 64);
-    int Q = int(mix(s + 2) % 400) - 260;
-    int n = 1 + int(mix(s + 3) % 9);
+    int64_t S = int64_t(mix64(s)) >> (mix64(s + 1) % 64);
+    int Q = int(mix64(s + 2) % 400) - 260;
+    int n = 1 + int(mix64(s + 3) % 9);
     shoal::sketch::Big b;
     shoal::sketch::bigZero(b);
     shoal::sketch::bigAddShifted(b, S, 0);
@@ -607,8 +603,8 @@ TEST(SketchMath, RoundToFloatMatchesCastsOnIntegers) {
   // Big integers of up to 64 bits at many scales: roundToFloat == the correctly
   // rounded conversion (long double holds a 64-bit integer exactly; ldexp exact).
   for (uint64_t s = 0; s < 20000; ++s) {
-    uint64_t v = mix(s) >> (s % 64);
-    int Q = int(mix(s + 7) % 300) - 200;
+    uint64_t v = mix64(s) >> (s % 64);
+    int Q = int(mix64(s + 7) % 300) - 200;
     shoal::sketch::Big b;
     shoal::sketch::bigZero(b);
     shoal::sketch::bigAddShifted(b, int64_t(v >> 1), 1);

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "compressors/topk/topk_math.h"
+#include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
@@ -32,15 +33,10 @@ constexpr shoal_dtype_t dtypeOf() {
 
 // Deterministic data: splitmix64 of (seed, rank, step, index) -> [-1, 1), or an
 // integer in [-64, 64] (whose sums are exact in any order).
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
 
 double uniform(uint64_t seed, int rank, int step, size_t i) {
-  uint64_t h = mix(seed ^ mix(uint64_t(rank) * 1000003u ^ mix(uint64_t(step) * 7919u ^ mix(i))));
+  uint64_t h = mix64(seed ^ mix64(uint64_t(rank) * 1000003u ^ mix64(uint64_t(step) * 7919u ^ mix64(i))));
   return double(h >> 11) * 0x1.0p-52 - 1.0;
 }
 
