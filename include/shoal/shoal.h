@@ -28,6 +28,8 @@ extern "C" {
 #define SHOAL_VERSION_MAJOR 0
 #define SHOAL_VERSION_MINOR 1
 #define SHOAL_VERSION_PATCH 0
+/* The version as one number, major * 10000 + minor * 100 + patch (NCCL's NCCL_VERSION_CODE). */
+#define SHOAL_VERSION_CODE (SHOAL_VERSION_MAJOR * 10000 + SHOAL_VERSION_MINOR * 100 + SHOAL_VERSION_PATCH)
 
 typedef enum shoal_dtype {
   SHOAL_F16 = 0, /* IEEE binary16 */
@@ -85,6 +87,9 @@ static inline shoal_tensor_t shoal_tensor_1d(void *data, size_t count, shoal_dty
   shoal_tensor_t tensor = {data, dtype, 1, {(int64_t)count, 0, 0, 0, 0, 0, 0, 0}, SHOAL_MEMORY_HOST, 0, NULL};
   return tensor;
 }
+
+/* The same as shoal_tensor_1d, exported for bindings that cannot call inline functions. */
+shoal_status_t shoal_tensor_init(shoal_tensor_t *tensor, void *data, size_t count, shoal_dtype_t dtype);
 
 /* Explicit communicator configuration. Always start from SHOAL_CONFIG_INIT:
  * struct_size lets later versions append fields without breaking callers.
@@ -221,6 +226,12 @@ const char *shoal_op_name(shoal_op_t op);          /* "sum", ...; "invalid" */
 /* Parse names as shoal-bench and nccl-tests spell them ("float", "f32", "half", "sum", ...). */
 shoal_status_t shoal_dtype_from_name(const char *name, shoal_dtype_t *dtype);
 shoal_status_t shoal_op_from_name(const char *name, shoal_op_t *op);
+
+/* The loaded library's SHOAL_VERSION_CODE (it may differ from the header's). */
+shoal_status_t shoal_get_version(int *version);
+/* sizeof a public struct by its typedef name ("shoal_tensor_t", "shoal_config_t",
+ * "shoal_allreduce_options_t", ...), for bindings that mirror them; 0 for an unknown name. */
+size_t shoal_struct_size(const char *name);
 
 /* Prints every SHOAL_* variable with its default, current value and help.
  * markdown != 0 prints a Markdown table (the README's table is made this way). */
