@@ -1,0 +1,439 @@
+"""Communicator, Request and ShoalError: the framework-neutral core of the binding.
+
+Every call into libshoal goes through ctypes.CDLL, which releases the GIL for
+the duration of the call: a rank blocked in a collective or in Request.wait
+lets other Python threads run (tests/python/test_core.py checks this).
+"""
+import ctypes
+import os
+import threading
+
+from . import _buffers as B
+from . import _types as T
+from ._lib import lib
+
+_OP_ALIASES = {"sum": T.SUM, "avg": T.AVG, "average": T.AVG, "mean": T.AVG, "prod": T.PROD, "product": T.PROD,
+               "min": T.MIN, "max": T.MAX, "band": T.BAND, "bor": T.BOR, "bxor": T.BXOR}
+
+
+class ShoalError(RuntimeError):
+    """A failed shoal call: `status` is the shoal_status_t code, `status_name` its
+    name (e.g. SHOAL_ERR_REMOTE), `message` shoal's text saying what to fix."""
+
+    def __init__(self, status, message):
+        self.status = int(status)
+        self.status_name = (lib.shoal_status_string(self.status) or b"").decode(errors="replace").split(":")[0]
+        self.message = message
+        super().__init__("%s: %s" % (self.status_name, message))
+
+
+def _text(raw):
+    return (raw or b"").decode(errors="replace")
+
+
+def check(status, comm_handle=None):
+    if status != 0:
+        raise ShoalError(status, _text(lib.shoal_last_error(comm_handle)))
+
+
+def parse_op(op):
+    if isinstance(op, str):
+        code = _OP_ALIASES.get(op.lower())
+        if code is None:
+            raise ValueError("shoal: unknown op %r; use one of %s" % (op, ", ".join(sorted(_OP_ALIASES))))
+        return code
+    if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(T.OP_NAMES):
+        return op
+    raise TypeError("shoal: op must be a name such as 'sum' or 'avg' (or a shoal op code), got %r" % (op,))
+
+
+def _cstr(value, what):
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise TypeError("shoal: %s must be a str, got %s" % (what, type(value).__name__))
+
+
+def _options_string(options):
+    """compressor options as the C library reads them: "k=v,..." from a str or a dict."""
+    if options is None or isinstance(options, (str, bytes)):
+        return options
+    if isinstance(options, dict):
+        return ",".join("%s=%s" % (k, int(v) if isinstance(v, bool) else v) for k, v in options.items())
+    raise TypeError("shoal: compressor_options must be a 'k=v,...' string or a dict, got %s" % type(options).__name__)
+
+
+def _timeout(timeout_s):
+    if timeout_s is None:
+        return 0.0
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
+        raise TypeError("shoal: timeout_s must be a number of seconds, got %r" % (timeout_s,))
+    return float(timeout_s)
+
+
+# Requests in flight, so that their arrays stay alive even when the caller
+# drops the Request object (Horovod's _handle_map does the same).
+_in_flight = set()
+_in_flight_lock = threading.Lock()
+
+
+class Request:
+    """An async collective in flight. wait() returns its result array."""
+
+    def __init__(self, handle, keepalive, result, finish=None, name=None):
+        self._handle = handle
+        self._keepalive = keepalive
+        self._result = result
+        self._finish = finish
+        self.name = name
+        self._done = False
+        self._error = None
+        with _in_flight_lock:
+            _in_flight.add(self)
+
+    def _complete(self, status):
+        if self._done:
+            return
+        if status != 0:
+            text = _text(lib.shoal_request_error(self._handle)) or _text(lib.shoal_last_error(None))
+            self._error = ShoalError(status, text)
+        lib.shoal_request_free(self._handle)
+        self._handle = None
+        self._done = True
+        self._keepalive = None
+        with _in_flight_lock:
+            _in_flight.discard(self)
+        if self._error is None and self._finish is not None:
+            self._result = self._finish(self._result)
+
+    def _outcome(self):
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def test(self):
+        """True once the request completed (then wait() returns at once); raises ShoalError if it failed."""
+        if self._done:
+            self._outcome()
+            return True
+        done = ctypes.c_int(0)
+        status = lib.shoal_test(self._handle, ctypes.byref(done))
+        if not done.value:
+            check(status)  # a pending request reports OK; anything else is an argument error
+            return False
+        self._complete(status)
+        self._outcome()
+        return True
+
+    def wait(self, timeout_s=None):
+        """Waits up to timeout_s seconds (None: the communicator's SHOAL_TIMEOUT_S) and returns the result.
+        On SHOAL_ERR_TIMEOUT the request stays pending and may be waited on again."""
+        if not self._done:
+            status = lib.shoal_wait(self._handle, _timeout(timeout_s))
+            if status == -2:  # SHOAL_ERR_TIMEOUT: still pending, arrays still in use
+                done = ctypes.c_int(0)
+                if lib.shoal_test(self._handle, ctypes.byref(done)) == 0 and not done.value:
+                    raise ShoalError(status, "shoal_wait: request '%s' did not complete within %s s; it is still "
+                                     "pending" % (self.name, timeout_s))
+            self._complete(status)
+        return self._outcome()
+
+    @property
+    def done(self):
+        return self._done
+
+
+def wait_all(requests, timeout_s=None):
+    """Waits for every request within one deadline; returns their results in order.
+    Raises the first failure (after every request has completed or the deadline passed)."""
+    requests = list(requests)
+    for r in requests:
+        if not isinstance(r, Request):
+            raise TypeError("shoal.wait_all: expected Request objects, got %s" % type(r).__name__)
+    pending = [r for r in requests if not r._done]
+    if pending:
+        handles = (ctypes.c_void_p * len(pending))(*[r._handle for r in pending])
+        status = lib.shoal_wait_all(handles, len(pending), _timeout(timeout_s))
+        text = _text(lib.shoal_last_error(None))
+        for r in pending:
+            done = ctypes.c_int(0)
+            st = lib.shoal_test(r._handle, ctypes.byref(done))
+            if done.value:
+                r._complete(st)
+        if status != 0 and all(r._error is None for r in requests):
+            raise ShoalError(status, text)
+    return [r._outcome() for r in requests]
+
+
+def _env_int(*names):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError("shoal: %s=%r is not an integer" % (name, value)) from None
+    return None
+
+
+class Communicator:
+    """A shoal communicator (shoal_comm_t). Collective to create: every rank makes it.
+
+    Fields left None are read from the environment (SHOAL_RANK, SHOAL_WORLD_SIZE,
+    SHOAL_STORE, SHOAL_TOKEN, SHOAL_TIMEOUT_S, SHOAL_ALGO, or mpirun's/Slurm's variables)."""
+
+    def __init__(self, rank=None, world_size=None, store=None, token=None, timeout_s=None, algorithm=None):
+        for what, value in (("rank", rank), ("world_size", world_size)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError("shoal: %s must be an int, got %r" % (what, value))
+        config = T.new(T.Config)
+        config.rank = -1 if rank is None else rank
+        config.world_size = -1 if world_size is None else world_size
+        self._strings = [_cstr(store, "store"), _cstr(token, "token"), _cstr(algorithm, "algorithm")]
+        config.store, config.token, config.algorithm = self._strings
+        config.timeout_s = -1.0 if timeout_s is None else _timeout(timeout_s)
+        handle = ctypes.c_void_p()
+        check(lib.shoal_comm_init_config(ctypes.byref(config), ctypes.byref(handle)))
+        self._handle = handle
+        value = ctypes.c_int()
+        check(lib.shoal_comm_rank(handle, ctypes.byref(value)), handle)
+        self.rank = value.value
+        check(lib.shoal_comm_size(handle, ctypes.byref(value)), handle)
+        self.size = value.value
+        local_rank = _env_int("SHOAL_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK")
+        local_size = _env_int("SHOAL_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+        # No launcher variable: every rank is taken to be on this machine.
+        self.local_rank = self.rank if local_rank is None else local_rank
+        self.local_size = self.size if local_size is None else local_size
+
+    # ---- life cycle -------------------------------------------------------
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ShoalError(-1, "the communicator was finalized; create a new one (shoal.init())")
+        return self._handle
+
+    def finalize(self):
+        """Stops the runtime and releases the transport (local); later calls raise ShoalError."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            lib.shoal_comm_destroy(handle)
+
+    close = finalize
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()
+
+    def __del__(self):
+        try:
+            self.finalize()
+        except Exception:
+            pass
+
+    def _check(self, status):
+        if status != 0:
+            raise ShoalError(status, _text(lib.shoal_last_error(self._handle)))
+
+    # ---- helpers ------------------------------------------------------------
+    @staticmethod
+    def _output(src, out, shape, what="out"):
+        """out described as writable, or a fresh array of src's kind with the given shape."""
+        array = B.empty_like(src, shape) if out is None else out
+        buf = B.describe(array, what, writable=True)
+        if buf.dtype != src.dtype:
+            raise TypeError("shoal: %s has dtype %s but the input has %s" % (what, T.DTYPE_NAMES[buf.dtype],
+                                                                            T.DTYPE_NAMES[src.dtype]))
+        expected = 1
+        for d in shape:
+            expected *= d
+        if buf.count != expected:
+            raise ValueError("shoal: %s holds %d elements but the result needs %d (shape %s)"
+                             % (what, buf.count, expected, tuple(shape)))
+        return array, buf
+
+    @staticmethod
+    def _same_memory(a, b):
+        return a.address == b.address and a.nbytes == b.nbytes
+
+    # ---- blocking collectives -------------------------------------------------
+    def allreduce(self, x, out=None, op="sum", name=None, compressor=None, compressor_options=None,
+                  compress_min_bytes=None):
+        """Reduces x over all ranks into out (a fresh array when None; out=x: in place). Returns out.
+        compressor/compressor_options/compress_min_bytes: per call (None: SHOAL_COMPRESSOR etc.);
+        name keys the compressor's state (error feedback) and is required by stateful ones."""
+        code = parse_op(op)
+        src = B.describe(x, "x", writable=out is not None and out is x)
+        array, dst = self._output(src, out, src.shape)
+        dst.tensor.ndim = src.tensor.ndim
+        ctypes.memmove(ctypes.addressof(dst.tensor.shape), ctypes.addressof(src.tensor.shape), 8 * T.MAX_DIMS)
+        strings = [_cstr(name, "name"), _cstr(compressor, "compressor"),
+                   _cstr(_options_string(compressor_options), "compressor_options")]
+        options = T.new(T.AllreduceOptions, name=strings[0], compressor=strings[1], compressor_options=strings[2],
+                        compress_min_bytes=-1 if compress_min_bytes is None else int(compress_min_bytes))
+        self._check(lib.shoal_allreduce_tensor(self.handle, ctypes.byref(src.tensor), ctypes.byref(dst.tensor),
+                                               code, ctypes.byref(options)))
+        return array
+
+    def _gather_shape(self, src):
+        return (self.size * src.shape[0],) + src.shape[1:] if src.shape else (self.size,)
+
+    def allgather(self, x, out=None):
+        """Concatenates every rank's x along the first axis (same shape on every rank). Returns out."""
+        src = B.describe(x, "x")
+        array, dst = self._output(src, out, self._gather_shape(src))
+        self._check(lib.shoal_allgather(self.handle, src.address, dst.address, src.count, src.dtype))
+        return array
+
+    def allgatherv(self, x, counts=None):
+        """Concatenates every rank's x along the first axis; the first extent may differ per rank
+        (the trailing ones may not). counts: every rank's first extent, or None to exchange them."""
+        src = B.describe(x, "x")
+        if not src.shape:
+            raise ValueError("shoal.allgatherv: x is a scalar; pass an array with a first axis")
+        rows = src.shape[0]
+        row_elems = 1
+        for d in src.shape[1:]:
+            row_elems *= d
+        if counts is None:
+            import numpy as np
+            trailing = list(src.shape[1:]) + [-1] * (T.MAX_DIMS - len(src.shape))
+            mine = np.array([rows] + trailing, dtype=np.int64)
+            every = self.allgather(mine).reshape(self.size, -1)
+            if (every[:, 1:] != every[0, 1:]).any():
+                raise ShoalError(-4, "shoal.allgatherv: ranks passed arrays whose trailing shapes differ (rank: "
+                                 "trailing extents, -1 = none): %s; only the first extent may differ"
+                                 % {r: [int(v) for v in every[r, 1:] if v >= 0] for r in range(self.size)})
+            counts = [int(c) for c in every[:, 0]]
+        counts = list(counts)
+        if len(counts) != self.size or counts[self.rank] != rows:
+            raise ValueError("shoal.allgatherv: counts must list every rank's first extent (%d ranks; this rank's "
+                             "x has %d rows), got %s" % (self.size, rows, counts))
+        array, dst = self._output(src, None, (sum(counts),) + src.shape[1:])
+        recvcounts = (ctypes.c_size_t * self.size)(*[c * row_elems for c in counts])
+        self._check(lib.shoal_allgatherv(self.handle, src.address, src.count, dst.address, recvcounts, None,
+                                         src.dtype))
+        return array
+
+    def broadcast(self, x, root=0, out=None):
+        """Root's x into out on every rank (a fresh array when None; out=x: in place). Returns out."""
+        self._check_root(root)
+        src = B.describe(x, "x", writable=out is not None and out is x)
+        array, dst = self._output(src, out, src.shape)
+        self._check(lib.shoal_broadcast(self.handle, src.address, dst.address, src.count, src.dtype, root))
+        return array
+
+    def reduce_scatter(self, x, op="sum", out=None):
+        """x holds size blocks; rank r gets the reduction of block r (shape: x's first axis / size)."""
+        code = parse_op(op)
+        src = B.describe(x, "x")
+        if src.count % self.size:
+            raise ValueError("shoal.reduce_scatter: x holds %d elements, not a multiple of the %d ranks"
+                             % (src.count, self.size))
+        if src.shape and src.shape[0] % self.size == 0:
+            shape = (src.shape[0] // self.size,) + src.shape[1:]
+        else:
+            shape = (src.count // self.size,)
+        array, dst = self._output(src, out, shape)
+        self._check(lib.shoal_reduce_scatter(self.handle, src.address, dst.address, src.count // self.size,
+                                             src.dtype, code))
+        return array
+
+    def barrier(self):
+        self._check(lib.shoal_barrier(self.handle))
+
+    def fused_allreduce(self, tensors, op="avg"):
+        """In place: every tensor reduced in ONE uncompressed collective (Pufferfish's factor gradients)."""
+        code = parse_op(op)
+        bufs = [B.describe(t, "tensors[%d]" % i, writable=True) for i, t in enumerate(tensors)]
+        if not bufs:
+            raise ValueError("shoal.fused_allreduce: tensors is empty")
+        array = (T.Tensor * len(bufs))(*[b.tensor for b in bufs])
+        self._check(lib.shoal_fused_allreduce(self.handle, array, len(bufs), code))
+        return tensors
+
+    def _check_root(self, root):
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self.size:
+            raise ValueError("shoal: root %r is not a rank of this communicator (0..%d)" % (root, self.size - 1))
+
+    # ---- async ------------------------------------------------------------------
+    def iallreduce(self, x, name, out=None, op="sum", compressor=None, compressor_options=None,
+                   compress_min_bytes=None, finish=None):
+        """Submits a named allreduce to the runtime; returns a Request whose wait() gives out."""
+        code = parse_op(op)
+        cname = _cstr(name, "name")
+        src = B.describe(x, "x", writable=out is not None and out is x)
+        array, dst = self._output(src, out, src.shape)
+        dst.tensor.ndim = src.tensor.ndim
+        ctypes.memmove(ctypes.addressof(dst.tensor.shape), ctypes.addressof(src.tensor.shape), 8 * T.MAX_DIMS)
+        strings = [_cstr(compressor, "compressor"), _cstr(_options_string(compressor_options), "compressor_options")]
+        options = T.new(T.AsyncOptions, compressor=strings[0], compressor_options=strings[1],
+                        compress_min_bytes=-1 if compress_min_bytes is None else int(compress_min_bytes))
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_iallreduce(self.handle, cname, ctypes.byref(src.tensor), ctypes.byref(dst.tensor),
+                                         code, ctypes.byref(options), ctypes.byref(handle)))
+        return Request(handle, (src, dst, strings, cname), array, finish, name)
+
+    def iallgather(self, x, name, out=None):
+        cname = _cstr(name, "name")
+        src = B.describe(x, "x")
+        array, dst = self._output(src, out, self._gather_shape(src))
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_iallgather(self.handle, cname, ctypes.byref(src.tensor), dst.address,
+                                         ctypes.byref(handle)))
+        return Request(handle, (src, dst, cname), array, None, name)
+
+    def ibroadcast(self, x, name, root=0, out=None):
+        """Root's x into out (None: a fresh array; out=x: in place)."""
+        self._check_root(root)
+        cname = _cstr(name, "name")
+        src = B.describe(x, "x", writable=out is not None and out is x)
+        array, dst = self._output(src, out, src.shape)
+        if not self._same_memory(src, dst):
+            B.copy_into(dst, src)
+        dst.tensor.ndim = src.tensor.ndim
+        ctypes.memmove(ctypes.addressof(dst.tensor.shape), ctypes.addressof(src.tensor.shape), 8 * T.MAX_DIMS)
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_ibroadcast(self.handle, cname, ctypes.byref(dst.tensor), root, ctypes.byref(handle)))
+        return Request(handle, (src, dst, cname), array, None, name)
+
+    def async_start(self):
+        self._check(lib.shoal_async_start(self.handle))
+
+    # ---- statistics and state ------------------------------------------------------
+    def last_compress_stats(self):
+        """What the last compressed call did: compressor, input/payload/wire bytes, rounds."""
+        stats = T.new(T.CompressStats)
+        self._check(lib.shoal_last_compress_stats(self.handle, ctypes.byref(stats)))
+        return {"compressor": _text(stats.compressor), "input_bytes": stats.input_bytes,
+                "payload_bytes": stats.payload_bytes, "wire_bytes": stats.wire_bytes, "rounds": stats.rounds}
+
+    def async_stats(self):
+        stats = T.new(T.AsyncStats)
+        self._check(lib.shoal_async_stats(self.handle, ctypes.byref(stats)))
+        return {name: getattr(stats, name) for name, _ in T.AsyncStats._fields_ if name != "struct_size"}
+
+    def compressor_state_save(self, compressor, name, compressor_options=None):
+        """A named tensor's compressor state as bytes (None when the compressor holds none)."""
+        args = [_cstr(compressor, "compressor"), _cstr(_options_string(compressor_options), "compressor_options"),
+                _cstr(name, "name")]
+        size = ctypes.c_size_t(0)
+        status = lib.shoal_compressor_state_save(self.handle, *args, None, ctypes.byref(size))
+        if status == -6:  # SHOAL_ERR_NOT_FOUND: no state for that name
+            return None
+        self._check(status)
+        buffer = ctypes.create_string_buffer(size.value)
+        self._check(lib.shoal_compressor_state_save(self.handle, *args, buffer, ctypes.byref(size)))
+        return buffer.raw[:size.value]
+
+    def compressor_state_load(self, compressor, name, state, compressor_options=None):
+        data = bytes(state)
+        self._check(lib.shoal_compressor_state_load(
+            self.handle, _cstr(compressor, "compressor"), _cstr(_options_string(compressor_options),
+                                                                "compressor_options"),
+            _cstr(name, "name"), data, len(data)))
