@@ -10,6 +10,7 @@ packages=(
   libucx-dev ucx-utils libfmt-dev libopenblas-dev liblapacke-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
+  python3-numpy python3-pytest python3-torch python3-sklearn python3-venv
 )
 
 # The peers benchmark (bench/peers/) also needs Gloo and Open MPI; bench/netns needs

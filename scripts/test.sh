@@ -15,6 +15,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_BUILD_
 cmake --build "$build" -j "$(nproc)"
 # Each test has its own deadline; a hang fails the run instead of stalling it.
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j 1 "$@"
+bash scripts/test_python.sh "$build"
 
 if [ "${SHOAL_TEST_NOCUDA:-1}" != 0 ] && grep -q '^SHOAL_CUDA_ENABLED:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
   echo "== CPU-only configuration (SHOAL_WITH_CUDA=OFF) =="

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The Python tests (tests/python, pytest) against a build tree's libshoal.
+# Usage: scripts/test_python.sh [build dir]   (default: build)
+#
+# Runs Debian's /usr/bin/python3 (the one python3-torch, python3-numpy and
+# python3-pytest install into; the python3 first on PATH may be another one);
+# PYTHON=... overrides it. torch tests skip only where torch is not installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=$(cd "${1:-build}" && pwd)
+python=${PYTHON:-/usr/bin/python3}
+
+export SHOAL_LIBRARY="$build/lib/libshoal.so"
+export PYTHONPATH="$PWD/bindings/python"
+export OMP_NUM_THREADS=1
+[ -f "$SHOAL_LIBRARY" ] || { echo "test_python.sh: $SHOAL_LIBRARY not found; build the shoal target first" >&2; exit 1; }
+[ -x "$build/bin/shoalrun" ] || { echo "test_python.sh: $build/bin/shoalrun not found; build the shoalrun target" >&2; exit 1; }
+"$python" -c "import numpy, pytest" 2>/dev/null || {
+  echo "test_python.sh: $python lacks numpy or pytest; run scripts/setup.sh (python3-numpy python3-pytest)" >&2; exit 1; }
+
+echo "== Python tests ($python, $SHOAL_LIBRARY) =="
+status=0
+(cd tests/python && timeout 900 "$python" -m pytest -q -p no:cacheprovider "${@:2}") || status=$?
+# pytest exits 5 when it collected no tests: that is a failure too, not a pass.
+if [ "$status" -eq 5 ]; then echo "test_python.sh: pytest collected no tests" >&2; fi
+exit "$status"
