@@ -18,6 +18,21 @@ export OMP_NUM_THREADS=1
 "$python" -c "import numpy, pytest" 2>/dev/null || {
   echo "test_python.sh: $python lacks numpy or pytest; run scripts/setup.sh (python3-numpy python3-pytest)" >&2; exit 1; }
 
+if [ "${SHOAL_TEST_WHEEL:-0}" = 1 ]; then
+  # Opt-in (a full library compile): build and install the wheel in a fresh venv that
+  # sees Debian's numpy/torch, then test the installed package, not the build tree.
+  venv=$(mktemp -d)/venv
+  echo "== wheel: pip install . into $venv =="
+  "$python" -m venv --system-site-packages "$venv"
+  start=$SECONDS
+  "$venv/bin/pip" install -q .
+  echo "== wheel built and installed in $((SECONDS - start)) s =="
+  (cd tests/python && env -u SHOAL_LIBRARY -u PYTHONPATH SHOAL_TEST_INSTALLED=1 SHOAL_BUILD_BIN="$build/bin" \
+     timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_installed.py test_core.py)
+  rm -rf "$(dirname "$venv")"
+  exit 0
+fi
+
 echo "== Python tests ($python, $SHOAL_LIBRARY) =="
 status=0
 (cd tests/python && timeout 900 "$python" -m pytest -q -p no:cacheprovider "${@:2}") || status=$?

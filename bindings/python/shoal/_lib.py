@@ -1,7 +1,7 @@
 """Finds and loads libshoal, declares every exported function, checks the mirrors.
 
 Lookup order: $SHOAL_LIBRARY (a path to libshoal.so), then the copy a wheel
-bundles next to this package (shoal/_lib/libshoal.so), then the system's
+bundles next to this package (shoal/_lib/libshoal.so.0), then the system's
 (ctypes.util.find_library("shoal")).
 
 The library is loaded with ctypes.CDLL, never PyDLL: CDLL releases the GIL for
@@ -98,9 +98,12 @@ def _candidates():
     if env:
         return [("SHOAL_LIBRARY", env)]
     found = []
-    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", "libshoal.so")
-    if os.path.exists(bundled):
-        found.append(("the wheel's copy", bundled))
+    bundled_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
+    if os.path.isdir(bundled_dir):
+        for name in sorted(os.listdir(bundled_dir)):
+            if name.startswith("libshoal.so"):
+                found.append(("the wheel's copy", os.path.join(bundled_dir, name)))
+                break
     system = ctypes.util.find_library("shoal")
     if system:
         found.append(("the system's", system))
