@@ -47,3 +47,11 @@ def test_single_process_api():
         assert hvd.Compression.fp16.compress(x) == (x, None)
     finally:
         hvd.shutdown()
+
+
+def test_ddp_comm_hook(tmp_path):
+    torch_or_skip()
+    rc, out = shoalrun(2, "torch_ddp.py", tmp_path / "gloo-rendezvous", timeout_s=240,
+                       env={"SHOAL_COMPRESS_MIN_BYTES": "0"})
+    assert rc == 0, out
+    assert out.count("torch_ddp OK on 2 ranks") == 2, out
