@@ -55,3 +55,10 @@ def test_ddp_comm_hook(tmp_path):
                        env={"SHOAL_COMPRESS_MIN_BYTES": "0"})
     assert rc == 0, out
     assert out.count("torch_ddp OK on 2 ranks") == 2, out
+
+
+def test_pufferfish_factorize_model():
+    torch_or_skip()
+    rc, out = shoalrun(2, "torch_pufferfish.py", timeout_s=240)
+    assert rc == 0, out
+    assert out.count("torch_pufferfish OK on 2 ranks") == 2, out
