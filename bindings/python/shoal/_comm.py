@@ -133,11 +133,13 @@ class Request:
         On SHOAL_ERR_TIMEOUT the request stays pending and may be waited on again."""
         if not self._done:
             status = lib.shoal_wait(self._handle, _timeout(timeout_s))
-            if status == -2:  # SHOAL_ERR_TIMEOUT: still pending, arrays still in use
+            if status == -2:  # SHOAL_ERR_TIMEOUT: the request may still be pending, its arrays in use
                 done = ctypes.c_int(0)
-                if lib.shoal_test(self._handle, ctypes.byref(done)) == 0 and not done.value:
+                tested = lib.shoal_test(self._handle, ctypes.byref(done))
+                if not done.value:
                     raise ShoalError(status, "shoal_wait: request '%s' did not complete within %s s; it is still "
-                                     "pending" % (self.name, timeout_s))
+                                     "pending" % (self.name, "SHOAL_TIMEOUT_S" if timeout_s is None else timeout_s))
+                status = tested
             self._complete(status)
         return self._outcome()
 
