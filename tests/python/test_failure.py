@@ -23,3 +23,10 @@ def test_dead_rank_is_an_error_on_the_others(args):
 def test_torch_case_runs_where_torch_is_installed():
     pytest.importorskip("torch")
     assert ("torch",) in CASES
+
+
+def test_mismatched_names_fail_every_rank_instead_of_hanging():
+    rc, out = shoalrun(2, "mismatched_names.py", timeout_s=60,
+                       env={"SHOAL_STALL_CHECK_S": "1", "SHOAL_STALL_SHUTDOWN_S": "3"})
+    assert rc == 0, out
+    assert "rank 0: ShoalError" in out and "rank 1: ShoalError" in out, out
