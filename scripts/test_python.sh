@@ -27,7 +27,7 @@ if [ "${SHOAL_TEST_WHEEL:-0}" = 1 ]; then
   start=$SECONDS
   CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} "$venv/bin/pip" install -q .
   echo "== wheel built and installed in $((SECONDS - start)) s =="
-  (cd tests/python && env -u SHOAL_LIBRARY -u PYTHONPATH SHOAL_TEST_INSTALLED=1 SHOAL_BUILD_BIN="$build/bin" \
+  (cd tests/python && env -u SHOAL_LIBRARY -u PYTHONPATH TEST_INSTALLED_WHEEL=1 \
      timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_installed.py test_core.py)
   rm -rf "$(dirname "$venv")"
   exit 0

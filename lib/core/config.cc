@@ -36,6 +36,8 @@ const std::vector<Variable>& table() {
       {"SHOAL_TIMELINE", "", "Async runtime: rank 0 writes a Chrome-trace JSON timeline (chrome://tracing, Perfetto) to this path."},
       {"SHOAL_STALL_CHECK_S", "60", "Async runtime: rank 0 warns about tensors some ranks submitted and others not for this long (names, missing ranks); 0 = off."},
       {"SHOAL_STALL_SHUTDOWN_S", "0", "Async runtime: such a stall becomes an error on every rank after this long; 0 = off."},
+      // Bindings (read by the Python package, docs/python.md).
+      {"SHOAL_LIBRARY", "", "Python: path of the libshoal.so to load; else the wheel's copy, else the system's."},
   };
   return variables;
 }

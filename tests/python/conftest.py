@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 _store_ids = itertools.count()
 
 # test_installed.py checks an installed wheel; only SHOAL_TEST_WHEEL=1 scripts/test_python.sh runs it.
-collect_ignore = [] if os.environ.get("SHOAL_TEST_INSTALLED") == "1" else ["test_installed.py"]
+collect_ignore = [] if os.environ.get("TEST_INSTALLED_WHEEL") == "1" else ["test_installed.py"]
 
 
 def library():
