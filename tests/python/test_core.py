@@ -239,6 +239,9 @@ def test_wait_timeout_leaves_request_pending():
                 r.wait(timeout_s=0.2)
             assert info.value.status_name == "SHOAL_ERR_TIMEOUT"
             assert not r.test()
+            with pytest.raises(shoal.ShoalError) as info_all:
+                shoal.wait_all([r], timeout_s=0.1)
+            assert info_all.value.status_name == "SHOAL_ERR_TIMEOUT" and not r.done
             comm.barrier()
             return r.wait(timeout_s=10)
         time.sleep(0.6)
@@ -336,3 +339,27 @@ def test_default_communicator_functions():
     finally:
         shoal.finalize()
     assert not shoal.is_initialized()
+
+
+def test_lowrank_split_phases_equal_step():
+    """phase_p / phase_q / finish around the caller's own SUM allreduces give the bits step() gives."""
+    def body(comm):
+        rng = np.random.default_rng(comm.rank)
+        grads = [rng.standard_normal((16, 12)).astype(np.float32), rng.standard_normal(7).astype(np.float32)]
+        specs = [(16, 12, "w"), {"rows": 7, "cols": 1, "name": "b", "dense": True}]
+        stepped = [g.copy() for g in grads]
+        shoal.LowRankPlan(specs, rank=2).step(comm, stepped, op="avg")
+        plan = shoal.LowRankPlan(specs, rank=2)
+        p_buf, p_count = plan.phase_p(grads)
+        comm.allreduce(p_buf[:p_count], out=p_buf[:p_count], op="sum")
+        q_buf, q_count = plan.phase_q()
+        if q_count:
+            comm.allreduce(q_buf[:q_count], out=q_buf[:q_count], op="sum")
+        outputs = [np.empty_like(g) for g in grads]
+        plan.finish(outputs, comm.size, op="avg")
+        assert plan.sizes["compressed"] == 1 and q_count > 0
+        return stepped, outputs
+
+    for stepped, outputs in run_threads(2, body):
+        for a, b in zip(stepped, outputs):
+            assert np.array_equal(a, b)

@@ -165,8 +165,10 @@ def wait_all(requests, timeout_s=None):
             st = lib.shoal_test(r._handle, ctypes.byref(done))
             if done.value:
                 r._complete(st)
-        if status != 0 and all(r._error is None for r in requests):
-            raise ShoalError(status, text)
+        if status != 0:
+            failed = [r._error for r in requests if r._error is not None]
+            # No request failed: the deadline passed with some still pending (they stay pending).
+            raise failed[0] if failed else ShoalError(status, text)
     return [r._outcome() for r in requests]
 
 
