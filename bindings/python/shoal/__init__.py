@@ -19,10 +19,9 @@ import ctypes
 import os
 import tempfile
 
-from . import _types
-from ._comm import Communicator, Request, ShoalError, parse_op, wait_all
+from ._comm import Communicator, Request, ShoalError, wait_all
 from ._lib import lib, path as library_path, version_code
-from . import lowrank
+from . import lowrank  # noqa: F401  (shoal.lowrank)
 from .lowrank import LowRankPlan, factorize, rank_for
 
 __version__ = "%d.%d.%d" % (version_code // 10000, version_code // 100 % 100, version_code % 100)

@@ -7,7 +7,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import shoal
 import shoal.torch as hvd
 import shoal.torch.ddp as shoal_ddp
 

@@ -2,7 +2,6 @@
 identical on every rank (rank 0's SVD), and their gradients average in one fused call."""
 import torch
 
-import shoal
 import shoal.torch as hvd
 from shoal.torch import pufferfish
 

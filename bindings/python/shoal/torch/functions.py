@@ -4,7 +4,7 @@ import pickle
 
 import torch
 
-from .mpi_ops import broadcast_, broadcast_async_, rank, size, synchronize, allgather, _comm
+from .mpi_ops import broadcast_, broadcast_async_, rank, synchronize, allgather, _comm
 
 
 def broadcast_parameters(params, root_rank):

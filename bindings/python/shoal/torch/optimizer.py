@@ -15,7 +15,7 @@ import shoal
 from shoal import ShoalError
 
 from .compression import Compression
-from .mpi_ops import Average, Adasum, Sum, _OPS, _op, _raise, _scale, size
+from .mpi_ops import Average, Adasum, _OPS, _op, _raise, _scale, size
 from .functions import broadcast_object
 
 
