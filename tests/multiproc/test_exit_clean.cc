@@ -42,12 +42,21 @@ int failed(const char* what, shoal_comm_t comm) {
   return 3;
 }
 
-// Every mode starts the async runtime, runs blocking and async allreduces,
-// and returns from main with the communicator alive. "pending" also leaves
-// one async request unwaited, as a program that crashes out of its loop would.
+// "return" and "pending" start the async runtime, run blocking and async
+// allreduces, and return from main with the communicator alive; "pending"
+// also leaves one async request unwaited, as a program that breaks out of its
+// loop would. "blocking" never starts the runtime (the tcp store's thread
+// still sees its peers leave during exit).
 int rankMain(const std::string& mode) {
   shoal_comm_t comm = nullptr;
   if (shoal_comm_init(&comm) != SHOAL_OK) return failed("shoal_comm_init", nullptr);
+  if (mode == "blocking") {
+    std::vector<float> values(4096, 1.0f);
+    for (int step = 0; step < 5; ++step)
+      if (shoal_allreduce(comm, values.data(), values.data(), values.size(), SHOAL_F32, SHOAL_SUM) != SHOAL_OK)
+        return failed("shoal_allreduce", comm);
+    return 0;
+  }
   if (shoal_async_start(comm) != SHOAL_OK) return failed("shoal_async_start", comm);
   // Leaked on purpose: a request left pending may still use it during exit.
   std::vector<float>& values = *new std::vector<float>(4096, 1.0f);
@@ -142,7 +151,7 @@ TEST_P(ExitWithoutDestroy, EveryRankExitsZero) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ExitWithoutDestroy, ::testing::Values("return", "pending"));
+INSTANTIATE_TEST_SUITE_P(Modes, ExitWithoutDestroy, ::testing::Values("return", "pending", "blocking"));
 
 }  // namespace
 
