@@ -185,6 +185,16 @@ TEST_F(ShoalBench, ShapeLetsPowerSgdCompress) {
   EXPECT_NE(last_.out.find("# shape 256x256: 1 tensor of 65536 elements"), std::string::npos) << last_.out;
 }
 
+TEST_F(ShoalBench, ShapeResNet50IsOneRowOfItsTensors) {
+  Value doc = bench({"--shape", "resnet50", "-n", "1", "-w", "0", "-c", "0"});
+  ASSERT_EQ(doc.at("results").items.size(), 1u);
+  const Value& row = doc.at("results").items[0];
+  EXPECT_EQ(row.at("tensors").number, 161);
+  EXPECT_EQ(row.at("count").number, 25557032);
+  EXPECT_EQ(row.at("size").number, 4.0 * 25557032);
+  EXPECT_EQ(row.at("out_of_place").at("nwrong").kind, Value::Kind::Null);  // -c 0: not checked
+}
+
 // With a compressor, busbw is the effective (uncompressed) figure, labelled, and the payload's
 // bandwidth is reported beside it.
 TEST_F(ShoalBench, CompressorReportsEffectiveAndPayloadBandwidth) {
