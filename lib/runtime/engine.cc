@@ -24,6 +24,34 @@ struct AgreedStop : Error {
 
 constexpr double kBlockingProbeS = 0.1;
 
+// SHOAL_LOG_LEVEL=debug: one line per request the engine ran (blocking calls
+// have theirs from blockingCall), with its group's bytes, algorithm and
+// compressor decision.
+void logGroup(const shoal_comm& comm, const Group& group) {
+  const Ready& head = *group.members.front();
+  const Metadata& meta = head.request->meta;
+  if (meta.kind == OpKind::Blocking || log::threshold() < log::Level::Debug) return;
+  size_t bytes = 0;
+  for (const Ready* member : group.members) bytes += member->request->meta.bytes();
+  std::string how;
+  if (meta.kind == OpKind::Allreduce)
+    how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
+                                      meta.options.empty() ? "" : " (" + meta.options + ")")
+                        : fmt::format(", algorithm {}, uncompressed{}",
+                                      selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name,
+                                      meta.compressor.empty() || meta.compressor == "none"
+                                          ? ""
+                                          : fmt::format(" (compressor {}: below its min bytes, or an op or dtype it "
+                                                        "does not take)",
+                                                        meta.compressor));
+  for (const Ready* member : group.members)
+    SHOAL_LOG_DEBUG("rank {}: async {} '{}' done: {} bytes{}{}", comm.rank, opKindName(meta.kind),
+                    member->request->name, member->request->meta.bytes(),
+                    group.members.size() > 1 ? fmt::format(" (fused, {} tensors, {} bytes)", group.members.size(), bytes)
+                                             : std::string(),
+                    how);
+}
+
 // Engines whose thread runs, stopped by exit() when the program returns from
 // main without shoal_comm_destroy. Otherwise the thread would keep running
 // collectives while exit() destroys the library's static tables (the
@@ -411,6 +439,7 @@ void Engine::execute(std::vector<Ready>& ready) {
       ++stats_.groups;
       stats_.tensors += group.members.size();
     }
+    logGroup(comm_, group);
     for (Ready* member : group.members) finish(*member->request, SHOAL_OK, "");
   }
   if (timeline_ && !ready.empty()) timeline_->flush();

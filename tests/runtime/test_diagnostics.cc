@@ -86,6 +86,25 @@ TEST(LogLevels, InfoOncePerCommunicatorDebugOncePerCall) {
   EXPECT_EQ(countMatches(err, "peer \\d via ucx shared memory"), 4) << err;
 }
 
+TEST(LogLevels, DebugOneLinePerAsyncRequest) {
+  testing::internal::CaptureStderr();
+  runRanks(2, [](int rank, shoal_comm_t comm) {
+    std::vector<float> values(1024, static_cast<float>(rank + 1));
+    shoal_tensor_t tensor = shoal_tensor_1d(values.data(), values.size(), SHOAL_F32);
+    shoal_request_t request = nullptr;
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "grad.w", &tensor, &tensor, SHOAL_SUM, nullptr, &request), comm, "iar"));
+    EXPECT_TRUE(callOk(shoal_wait(request, 0), comm, "wait"));
+    shoal_request_free(request);
+    EXPECT_EQ(values[0], 3.0f);
+  });
+  const std::string err = testing::internal::GetCapturedStderr();
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(countMatches(err, "DEBUG \\[pid \\d+\\] rank " + std::to_string(rank) +
+                                    ": async allreduce 'grad.w' done: 4096 bytes, algorithm doubling, uncompressed\n"),
+              1)
+        << err;
+}
+
 TEST(Timeline, RecordsBlockingCallsOnceWithAndWithoutTheRuntime) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("shoal_blocking_timeline_" + std::to_string(getpid()) + ".json"))
