@@ -55,7 +55,8 @@ class Bench {
   void finish(const std::vector<Row> &rows);
 
  private:
-  [[noreturn]] void fail(const std::string &what, shoal_status_t s);
+  [[noreturn]] void fail(const std::string &what, shoal_status_t s);  // a shoal call failed
+  [[noreturn]] void die(const std::string &why);                       // anything else
   void check(shoal_status_t s, const char *what) {
     if (s != SHOAL_OK) fail(what, s);
   }
@@ -64,7 +65,7 @@ class Bench {
   void allocate(size_t bytes);
   char *onDevice(char *p) const;
   void deviceCopy(const std::string &why) {
-    if (!why.empty()) fail("--memory cuda: " + why, SHOAL_ERR_SYSTEM);
+    if (!why.empty()) die("--memory cuda: " + why);
   }
   std::vector<Plan> makePlans() const;
   Ctx partCtx(const Part &part) const;
@@ -122,7 +123,7 @@ Bench::Bench(const Options &o) : o_(o) {
     std::string why = selectDevice(local ? atoi(local) : rank_, &base_.device);
     int32_t bad = !why.empty();
     plainAllreduce(&bad, 1, SHOAL_I32, SHOAL_MAX);
-    if (bad) fail(why.empty() ? "--memory cuda: another rank has no device" : "--memory cuda: " + why, SHOAL_ERR_SYSTEM);
+    if (bad) die(why.empty() ? "--memory cuda: another rank has no device" : "--memory cuda: " + why);
   }
   // Open the JSON file now, so that a bad path stops every rank before the sweep.
   json_ = rank_ == 0 && o.jsonPath ? fopen(o.jsonPath, "w") : nullptr;
@@ -161,6 +162,12 @@ void Bench::fail(const std::string &what, shoal_status_t s) {
   exit(1);
 }
 
+void Bench::die(const std::string &why) {
+  fprintf(stderr, "shoal-bench: rank %d: %s\n", rank_, why.c_str());
+  shoal_comm_destroy(comm_);
+  exit(1);
+}
+
 void Bench::plainAllreduce(void *buf, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
   shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
   options.compressor = "none";
@@ -176,13 +183,13 @@ void Bench::allocate(size_t bytes) {
   recvbuf_ = static_cast<char *>(std::aligned_alloc(64, bufBytes_));
   if (o_.table) pristine_ = static_cast<char *>(std::aligned_alloc(64, bufBytes_));
   if (!sendbuf_ || !recvbuf_ || (o_.table && !pristine_))
-    fail("allocating 3 x " + std::to_string(bufBytes_) + " bytes", SHOAL_ERR_NO_MEMORY);
+    die("cannot allocate 3 x " + std::to_string(bufBytes_) + " bytes of host memory");
   if (o_.memory != SHOAL_MEMORY_CUDA) return;
   std::string why = deviceAlloc(bufBytes_, reinterpret_cast<void **>(&deviceSend_));
   if (why.empty()) why = deviceAlloc(bufBytes_, reinterpret_cast<void **>(&deviceRecv_));
   int32_t bad = !why.empty();
   plainAllreduce(&bad, 1, SHOAL_I32, SHOAL_MAX);
-  if (bad) fail(why.empty() ? "--memory cuda: another rank failed" : "--memory cuda: " + why, SHOAL_ERR_SYSTEM);
+  if (bad) die(why.empty() ? "--memory cuda: another rank could not allocate its buffers" : "--memory cuda: " + why);
 }
 
 // The device twin of a host pointer into sendbuf or recvbuf (itself for host memory).
@@ -349,8 +356,7 @@ void Bench::finish(const std::vector<Row> &rows) {
   if (rank_ == 0) printFooter(run_, totalWrong_, avgBusBw, avgPayBusBw);
   if (json_) {
     const bool written = writeJson(json_, run_, rows, totalWrong_, avgBusBw, avgPayBusBw);
-    if (fclose(json_) != 0 || !written) fail(std::string("writing ") + o_.jsonPath + " (" + strerror(errno) + ")",
-                                             SHOAL_ERR_SYSTEM);
+    if (fclose(json_) != 0 || !written) die(std::string("-J: writing ") + o_.jsonPath + ": " + strerror(errno));
     json_ = nullptr;
   }
   check(shoal_comm_finalize(comm_), "shoal_comm_finalize");
