@@ -1,6 +1,6 @@
 // shoal-bench's data: how values of each dtype are encoded, the inputs each collective gets and
 // the results it must produce (exactly computable whatever the reduction order), and how a
-// compressed allreduce's output is judged. Included by shoal_bench.cc only.
+// compressed allreduce's output is judged. Included by bench/shoal_bench/ only.
 #pragma once
 
 #include <shoal/compressor.h>
@@ -143,6 +143,10 @@ struct Ctx {  // everything the value functions need for one size
   int64_t plainMod;
   // Allreduce only:
   const shoal_allreduce_options_t *arOpts = nullptr;  // compressor, options, tensor name
+  int ndim = 1;                     // --shape: the tensor's shape (nullptr: 1-D, count elements)
+  const int64_t *shape = nullptr;
+  shoal_memory_t memory = SHOAL_MEMORY_HOST;  // --memory: where the collectives' buffers live
+  int device = 0;
   int64_t richMax = 0;  // > 0: sum/avg inputs are +-[1, richMax], standing for that times scale
   double scale = 1;     // what an input integer stands for (the value stored)
   bool sparse = false;  // density < 1: see nonzeroAt

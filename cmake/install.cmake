@@ -120,9 +120,32 @@ foreach(_dir INCLUDEDIR LIBDIR)
   endif()
 endforeach()
 
+# Libs carries -Wl,-rpath,${libdir} unless libdir is one the loader searches
+# anyway (/usr/lib, /lib, their 64/32 and multiarch forms), so that
+# `cc app.c $(pkg-config --cflags --libs shoal)` makes a program that finds
+# libshoal.so.0 in /opt/shoal or $HOME/.local without LD_LIBRARY_PATH or
+# ldconfig. Which one applies is known only at install time (--prefix), so
+# both variants are configured and the install script picks one.
+set(SHOAL_PC_RPATH " -Wl,-rpath,\${libdir}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/shoal.pc.in
   ${PROJECT_BINARY_DIR}/cmake/shoal.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/cmake/shoal.pc DESTINATION ${_shoal_pc_dir})
+set(SHOAL_PC_RPATH "")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/shoal.pc.in
+  ${PROJECT_BINARY_DIR}/cmake/shoal-system-libdir.pc @ONLY)
+unset(SHOAL_PC_RPATH)
+install(CODE "
+  set(_shoal_libdir \"${CMAKE_INSTALL_LIBDIR}\")
+  set(_shoal_pc_dest \"${_shoal_pc_dir}\")
+  if(NOT IS_ABSOLUTE \"\${_shoal_libdir}\")
+    set(_shoal_libdir \"\${CMAKE_INSTALL_PREFIX}/\${_shoal_libdir}\")
+    set(_shoal_pc_dest \"\${CMAKE_INSTALL_PREFIX}/\${_shoal_pc_dest}\")
+  endif()
+  set(_shoal_pc \"${PROJECT_BINARY_DIR}/cmake/shoal.pc\")
+  if(_shoal_libdir MATCHES \"^/(usr/)?lib(64|32)?(/[^/]+-linux-gnu[^/]*)?/?$\")
+    set(_shoal_pc \"${PROJECT_BINARY_DIR}/cmake/shoal-system-libdir.pc\")
+  endif()
+  file(INSTALL DESTINATION \"\${_shoal_pc_dest}\" TYPE FILE RENAME shoal.pc FILES \"\${_shoal_pc}\")
+")
 
 unset(_shoal_rpath)
 unset(_shoal_bin_to_lib)

@@ -20,3 +20,6 @@ run -b 1M -e 64M -f 4 -n 10 -w 2 -c 1 --compressor fp16 "$@"
 
 echo "== topk (1% of the elements, error feedback) on 1%-dense gradients (1 MiB .. 64 MiB) =="
 run -b 1M -e 64M -f 4 -n 10 -w 2 -c 1 --compressor topk --copts ratio=0.01 --density 0.01 "$@"
+
+echo "== powersgd (rank 4) on matrices: a 1-D buffer would go uncompressed (ratio 1) =="
+run --shape 4096x1024,1024x1024 -n 5 -w 1 -c 1 --compressor powersgd "$@"

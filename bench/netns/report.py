@@ -80,10 +80,13 @@ def read_runs(manifest):
                     with open(js) as j:
                         sj = json.load(j)
                     res = sj["results"][0]
-                    run["time_us"] = res["oop"]["time_us"]
-                    run["wrong"] = (res["oop"].get("wrong") or 0) + (res["ip"].get("wrong") or 0)
+                    # shoal-bench -J (nccl-tests' schema): the slowest rank's time, as the peers report;
+                    # the older layout had "oop"/"ip" with "time_us" and "wrong".
+                    oop, ip = res.get("out_of_place") or res["oop"], res.get("in_place") or res["ip"]
+                    run["time_us"] = oop.get("time_max", oop.get("time_us"))
+                    run["wrong"] = sum(int(m.get("nwrong", m.get("wrong")) or 0) for m in (oop, ip))
                     run["size"] = res["size"]
-                    run["error_kind"] = sj.get("error_kind", "exact")
+                    run["error_kind"] = sj.get("config", sj).get("error_kind", "exact")
                 elif kind == "peer":
                     run["time_us"], run["wrong"] = peer_row(log)
                 else:

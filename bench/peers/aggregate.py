@@ -91,19 +91,22 @@ def parse_table(path, nranks):
 
 
 def parse_shoal_json(path, nranks, placement=SHOAL_PLACEMENT):
-    """shoal-bench --json: {"collective", "nranks", "results": [{"size",
-    "count", "type", "redop", "oop": {"time_us", "algbw", "busbw", "wrong"},
-    "ip": {...}}]}. Tolerates missing keys and a flat per-result layout."""
+    """shoal-bench -J: nccl-tests' schema (version 3) plus shoal's keys:
+    {"config": {"collective", "nranks", ...}, "results": [{"size", "count",
+    "type", "redop", "out_of_place": {"time", "alg_bw", "bus_bw", "nwrong",
+    "time_max", ...}, "in_place": {...}}]}. Also reads the older shoal-bench
+    layout ("oop"/"ip" with "time_us", "algbw", "busbw", "wrong")."""
     with open(path) as f:
         doc = json.load(f)
     if isinstance(doc, list):  # a bare list of results
         doc = {"results": doc}
-    n = doc.get("nranks") or doc.get("size") or nranks
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    n = config.get("nranks") or doc.get("nranks") or doc.get("size") or nranks
     try:
         n = int(n)
     except (TypeError, ValueError):
         n = nranks
-    coll = doc.get("collective")
+    coll = config.get("collective") or doc.get("collective")
     if coll and str(coll).lower() not in ("allreduce", "all_reduce"):
         print(f"aggregate: warning: {path} is collective {coll!r}", file=sys.stderr)
     rows = []
@@ -111,12 +114,14 @@ def parse_shoal_json(path, nranks, placement=SHOAL_PLACEMENT):
         size = r.get("size", r.get("bytes"))
         if size is None:
             continue
-        res = r.get(placement) or r.get("oop") or r.get("ip") or r
-        time_us = _num(res.get("time_us", res.get("time")))
-        wrong = res.get("wrong", res.get("#wrong"))
+        modes = {"oop": ("out_of_place", "oop"), "ip": ("in_place", "ip")}[placement]
+        res = next((r[k] for k in modes + ("out_of_place", "oop") if isinstance(r.get(k), dict)), r)
+        # The peers report the slowest rank's time: compare shoal's alike.
+        time_us = _num(res.get("time_max", res.get("time_us", res.get("time"))))
+        wrong = res.get("nwrong", res.get("wrong", res.get("#wrong")))
         rows.append(make_row(int(size), time_us, n,
                              None if wrong is None else int(wrong),
-                             _num(res.get("algbw")), _num(res.get("busbw"))))
+                             _num(res.get("alg_bw", res.get("algbw"))), _num(res.get("bus_bw", res.get("busbw")))))
     return rows
 
 

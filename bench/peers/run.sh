@@ -197,7 +197,7 @@ for ((rep = 1; rep <= repeats; rep++)); do
       sweep=(-b "$lo" -e "$hi" -f "$factor" -n "$it" -w "$wu")
       if ((have_shoal)); then
         run_one "shoal" "$n" "$rep" "$k" shoal \
-          "$SHOAL_BIN/shoalrun" -np "$n" "$SHOAL_BIN/shoal-bench" allreduce "${sweep[@]}"
+          "$SHOAL_BIN/shoalrun" -np "$n" "$SHOAL_BIN/shoal-bench" allreduce -a 3 "${sweep[@]}"
       fi
       if ((have_gloo)); then
         for a in $gloo_algos; do
@@ -223,7 +223,7 @@ meta="$out/meta.txt"
   echo "- load average (1/5/15 min) at start: $load_start, at end: $load_end"
   echo "- finished $(date -u '+%Y-%m-%d %H:%M UTC'), host $(hostname), $(nproc) CPUs, $(uname -r)"
   echo "- repeats: $repeats (median shown); iterations:warmup by size: <= $SMALL_MAX $ITERS_SMALL, <= $MID_MAX $ITERS_MID, larger $ITERS_LARGE; every size also runs one untimed checked iteration"
-  echo "- time per size: max over ranks of the mean per-iteration time (peers); shoal: as shoal-bench reports it ($SHOAL_BIN)"
+  echo "- time per size: max over ranks of the mean per-iteration time (peers; shoal-bench -a 3, $SHOAL_BIN)"
   echo "- Gloo $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '?') (Debian libgloo-dev), TCP on 127.0.0.1, FileStore; old-API algorithms in place, new_* out of place"
   echo "- $(mpirun --version 2>/dev/null | head -n1 || echo 'no mpirun'); 'ompi default' = Debian defaults (pml ob1, btl vader shared memory), 'ompi tcp' = --mca pml ob1 --mca btl tcp,self; out of place"
   echo "- All ranks share one host with no pinning; with more ranks than cores and other jobs running, numbers are noisy."

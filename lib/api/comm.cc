@@ -12,6 +12,7 @@
 #include <atomic>
 #include <unistd.h>
 
+#include "api/comm_info.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
 
@@ -145,6 +146,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   }
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
+  describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
   comm->engine = std::make_unique<runtime::Engine>(*comm);  // its thread starts with the first async call
   return comm;
 }

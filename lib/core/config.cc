@@ -33,7 +33,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_CYCLE_TIME_MS", "1", "Async runtime: milliseconds between negotiation cycles of the background thread."},
       {"SHOAL_FUSION_THRESHOLD", "134217728", "Async runtime: bytes of ready allreduces fused into one collective; 0 disables fusion."},
       {"SHOAL_CACHE_CAPACITY", "1024", "Async runtime: response-cache entries (steady-state steps cost one bitwise allreduce); 0 disables the cache."},
-      {"SHOAL_TIMELINE", "", "Async runtime: rank 0 writes a Chrome-trace JSON timeline (chrome://tracing, Perfetto) to this path."},
+      {"SHOAL_TIMELINE", "", "Rank 0 writes a Chrome-trace JSON timeline of blocking calls and the async runtime (chrome://tracing, Perfetto) to this path."},
       {"SHOAL_STALL_CHECK_S", "60", "Async runtime: rank 0 warns about tensors some ranks submitted and others not for this long (names, missing ranks); 0 = off."},
       {"SHOAL_STALL_SHUTDOWN_S", "0", "Async runtime: such a stall becomes an error on every rank after this long; 0 = off."},
       // Bindings (read by the Python package, docs/python.md).

@@ -4,19 +4,26 @@
 // on a user thread after the engine started is submitted to the engine (under
 // the reserved name kBlockingName, negotiated like any request) and waited
 // for; before that, and on the engine thread itself, it runs directly.
+// Either way its body runs inside a CallTrace (timeline span, debug line).
 #pragma once
 
 #include <functional>
 
 #include "api/comm.h"
+#include "runtime/call_trace.h"
 
 namespace shoal::runtime {
 
 template <typename Body>
 void blockingCall(shoal_comm& comm, const char* call, Body&& body) {
+  auto traced = [&] {
+    CallTrace trace(comm, call);
+    body();
+    trace.succeeded();
+  };
   if (comm.engine && comm.engine->routesBlockingCalls())
-    return comm.engine->runBlocking(call, std::function<void()>(std::ref(body)));
-  body();
+    return comm.engine->runBlocking(call, std::function<void()>(std::ref(traced)));
+  traced();
 }
 
 }  // namespace shoal::runtime

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,71 @@ struct AgreedStop : Error {
 };
 
 constexpr double kBlockingProbeS = 0.1;
+
+// SHOAL_LOG_LEVEL=debug: one line per request the engine ran (blocking calls
+// have theirs from blockingCall), with its group's bytes, algorithm and
+// compressor decision.
+void logGroup(const shoal_comm& comm, const Group& group) {
+  const Ready& head = *group.members.front();
+  const Metadata& meta = head.request->meta;
+  if (meta.kind == OpKind::Blocking || log::threshold() < log::Level::Debug) return;
+  size_t bytes = 0;
+  for (const Ready* member : group.members) bytes += member->request->meta.bytes();
+  std::string how;
+  if (meta.kind == OpKind::Allreduce)
+    how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
+                                      meta.options.empty() ? "" : " (" + meta.options + ")")
+                        : fmt::format(", algorithm {}, uncompressed{}",
+                                      selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name,
+                                      meta.compressor.empty() || meta.compressor == "none"
+                                          ? ""
+                                          : fmt::format(" (compressor {}: below its min bytes, or an op or dtype it "
+                                                        "does not take)",
+                                                        meta.compressor));
+  for (const Ready* member : group.members)
+    SHOAL_LOG_DEBUG("rank {}: async {} '{}' done: {} bytes{}{}", comm.rank, opKindName(meta.kind),
+                    member->request->name, member->request->meta.bytes(),
+                    group.members.size() > 1 ? fmt::format(" (fused, {} tensors, {} bytes)", group.members.size(), bytes)
+                                             : std::string(),
+                    how);
+}
+
+// Engines whose thread runs, stopped by exit() when the program returns from
+// main without shoal_comm_destroy. Otherwise the thread would keep running
+// collectives while exit() destroys the library's static tables (the
+// algorithm table, the compressor registry) and UCX's globals: a SIGSEGV in
+// the engine thread. The handler is registered with atexit when the first
+// engine starts, so it runs before the destructors of every static the
+// library made until then, and before the shared libraries' own finalizers.
+// The set is never destroyed, so the handler cannot outlive it.
+struct LiveEngines {
+  std::mutex mutex;
+  std::unordered_set<Engine*> engines;
+
+  static LiveEngines& get() {
+    static LiveEngines* live = new LiveEngines;  // leaked on purpose, see above
+    return *live;
+  }
+  void add(Engine* engine) {
+    static std::once_flag registered;
+    std::call_once(registered, [] { std::atexit(stopAllAtExit); });
+    std::lock_guard<std::mutex> lock(mutex);
+    engines.insert(engine);
+  }
+  void remove(Engine* engine) {
+    std::lock_guard<std::mutex> lock(mutex);
+    engines.erase(engine);
+  }
+  // The same stop as shoal_comm_finalize's (peers see the communicator
+  // finalized), bounded by SHOAL_TIMEOUT_S. Held under the lock so that a
+  // concurrent shoal_comm_destroy waits instead of freeing the engine.
+  static void stopAllAtExit() {
+    LiveEngines& live = get();
+    std::lock_guard<std::mutex> lock(live.mutex);
+    for (Engine* engine : live.engines) engine->shutdown();
+    live.engines.clear();
+  }
+};
 
 }  // namespace
 
@@ -53,9 +119,34 @@ std::string RuntimeSettings::agreement() const {
                      stall.shutdownS);
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  LiveEngines::get().remove(this);
+  shutdown();
+}
 
 double Engine::timeoutS() const { return comm_.timeoutS; }
+
+Timeline* Engine::timeline() {
+  std::lock_guard<std::mutex> lock(timelineMutex_);
+  if (!timelineOpened_) {
+    timelineOpened_ = true;
+    const std::string path = config::getString("SHOAL_TIMELINE");
+    if (comm_.rank == 0 && !path.empty()) {
+      try {
+        timeline_ = std::make_unique<Timeline>(path);
+      } catch (const Error& error) {
+        timelineError_ = error.what();
+        SHOAL_LOG_WARN("{}; this run writes no timeline", timelineError_);
+      }
+    }
+  }
+  return timeline_.get();
+}
+
+std::string Engine::timelineError() {
+  std::lock_guard<std::mutex> lock(timelineMutex_);
+  return timelineError_;
+}
 
 void Engine::ensureStarted(const char* call) {
   std::lock_guard<std::mutex> start(startMutex_);
@@ -64,15 +155,8 @@ void Engine::ensureStarted(const char* call) {
     if (state_ != State::Idle) return;
   }
   RuntimeSettings settings = RuntimeSettings::fromEnvironment(comm_.timeoutS);
-  std::unique_ptr<Timeline> timeline;
-  std::string timelineError;
-  if (comm_.rank == 0 && !settings.timeline.empty()) {
-    try {
-      timeline = std::make_unique<Timeline>(settings.timeline);
-    } catch (const Error& error) {
-      timelineError = error.what();
-    }
-  }
+  timeline();  // rank 0 opens it now if no blocking call did
+  const std::string timelineError = this->timelineError();
   // One small max-allreduce: {hash, ~hash} finds a rank with other settings,
   // the third word tells everyone that rank 0 could not open the timeline.
   const std::string agreement = settings.agreement();
@@ -99,14 +183,16 @@ void Engine::ensureStarted(const char* call) {
          timelineError.empty() ? "rank 0 could not open the SHOAL_TIMELINE file; its error says why" : timelineError);
 
   settings_ = settings;
-  timeline_ = std::move(timeline);
   cache_ = std::make_unique<ResponseCache>(settings_.cacheCapacity);
   stall_ = std::make_unique<StallInspector>(settings_.stall, comm_.rank);
   lastProbe_ = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
-  state_ = State::Running;
-  thread_ = std::thread([this] { loop(); });
-  engineThread_ = thread_.get_id();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_ = State::Running;
+    thread_ = std::thread([this] { loop(); });
+    engineThread_ = thread_.get_id();
+  }
+  LiveEngines::get().add(this);  // outside mutex_: the exit handler takes the two locks the other way round
 }
 
 bool Engine::routesBlockingCalls() const {
@@ -159,7 +245,9 @@ void Engine::shutdown() {
     shutdownRequested_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  // shoal_comm_finalize, shoal_comm_destroy and exit may all stop the engine.
+  std::lock_guard<std::mutex> join(joinMutex_);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 EngineStats Engine::stats() {
@@ -190,7 +278,8 @@ void Engine::stopWith(shoal_status_t status, const std::string& text) {
     if (!request->done()) finish(*request, status, text);
   pending_.clear();
   pendingByName_.clear();
-  timeline_.reset();  // closes the JSON array
+  std::lock_guard<std::mutex> lock(timelineMutex_);
+  timeline_.reset();  // closes the JSON array; later blocking calls are not recorded
 }
 
 void Engine::loop() {
@@ -350,6 +439,7 @@ void Engine::execute(std::vector<Ready>& ready) {
       ++stats_.groups;
       stats_.tensors += group.members.size();
     }
+    logGroup(comm_, group);
     for (Ready* member : group.members) finish(*member->request, SHOAL_OK, "");
   }
   if (timeline_ && !ready.empty()) timeline_->flush();

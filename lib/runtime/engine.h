@@ -72,6 +72,12 @@ class Engine {
   void shutdown();
   EngineStats stats();
   double timeoutS() const;
+  // Rank 0's SHOAL_TIMELINE trace, opened by its first user (a blocking call
+  // or the runtime's start) and shared by both; nullptr on other ranks, when
+  // unset, once the runtime stopped, or when the file cannot be written
+  // (timelineError() says why).
+  Timeline* timeline();
+  std::string timelineError();
 
  private:
   enum class State { Idle, Running, Stopped };
@@ -97,6 +103,7 @@ class Engine {
   std::deque<std::shared_ptr<Request>> incoming_;
   std::unordered_set<std::string> inFlight_;
   std::thread thread_;
+  std::mutex joinMutex_;  // one joiner at a time
   std::atomic<std::thread::id> engineThread_{};
 
   // Engine thread only.
@@ -104,7 +111,10 @@ class Engine {
   std::unordered_map<std::string, std::shared_ptr<Request>> pendingByName_;
   std::unique_ptr<ResponseCache> cache_;
   std::unique_ptr<StallInspector> stall_;
+  std::mutex timelineMutex_;  // opening and closing; spans come from one thread at a time
+  bool timelineOpened_ = false;
   std::unique_ptr<Timeline> timeline_;
+  std::string timelineError_;
   std::vector<uint8_t> fusionBuffer_;
   uint64_t cycle_ = 0;
   Clock::time_point lastProbe_{};

@@ -155,12 +155,8 @@ void runGroup(shoal_comm& comm, Group& group, std::vector<uint8_t>& fusionBuffer
     for (const Ready* member : group.members) timeline->span(member->request->name, "QUEUE", member->readyAt, now);
   }
   switch (first.meta.kind) {
-    case OpKind::Blocking: {
-      Clock::time_point begin = Clock::now();
-      first.body();
-      spanAll(timeline, group, "BLOCKING_CALL", begin, fmt::format("\"call\": \"{}\"", first.meta.call));
-      return;
-    }
+    case OpKind::Blocking:
+      return first.body();  // its BLOCKING_CALL span is recorded by blockingCall (runtime/call_trace.h)
     case OpKind::Broadcast:
       return runBroadcast(comm, first, timeline, group);
     case OpKind::Allgather:

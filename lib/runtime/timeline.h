@@ -3,7 +3,10 @@
 // complete ("X") event per phase: NEGOTIATE, QUEUE, MEMCPY_IN_FUSION, the
 // collective (ALLREDUCE, ALLGATHER, BROADCAST) or the compressor's rounds
 // (ENCODE, COMPRESSED_ALLREDUCE / COMPRESSED_ALLGATHERV with bytes, DECODE),
-// MEMCPY_OUT_FUSION. The file is a JSON array, closed when the runtime stops
+// MEMCPY_OUT_FUSION; and one BLOCKING_CALL event per blocking call (with or
+// without the runtime) on the row __shoal_blocking_call, whose args say the
+// call, bytes, algorithm and compressor (runtime/call_trace.h).
+// The file is a JSON array, closed when the runtime stops
 // (chrome://tracing and Perfetto also read an unclosed one).
 #pragma once
 

@@ -58,6 +58,9 @@ class Transport {
   // Bytes handed to isend so far (what this rank put on the wire).
   virtual uint64_t bytesSent() const = 0;
   virtual const std::string& failure() const = 0;
+  // What the backend chose to reach `peer` (for diagnostics), e.g.
+  // "shared memory (posix/memory, cma/memory), same host".
+  virtual std::string describePeer(int peer) const { return peer == rank() ? "self" : "unknown"; }
 };
 
 struct TransportOptions {

@@ -5,7 +5,10 @@
 #      CMake package files, shoal.pc) and the tools' RPATH;
 #   2. find_package(shoal) from tests/install/consumer, build, run;
 #   3. find_package with an incompatible major version must fail;
-#   4. `cc consumer.c $(pkg-config --cflags --libs shoal)`, run.
+#   4. `cc consumer.c $(pkg-config --cflags --libs shoal)`, run without
+#      LD_LIBRARY_PATH (shoal.pc's Libs carry the RPATH);
+#   5. the README's install sequence as written: its C example, built with
+#      pkg-config, run by the installed shoalrun -np 4, no LD_LIBRARY_PATH.
 # Any failing step exits non-zero. The prefix is removed on success and kept
 # (its path printed) on failure. Registered by tests/install/CMakeLists.txt.
 set -euo pipefail
@@ -15,7 +18,7 @@ step() { echo "== $*"; }
 
 # Arguments are --name=value so that empty values (e.g. no sanitizer) survive.
 build_dir='' config='' consumer_dir='' cmake=cmake generator='' cc=cc tools=''
-libdir=lib bindir=bin includedir=include version='' soversion='' sanitize=''
+libdir=lib bindir=bin includedir=include version='' soversion='' sanitize='' readme=''
 for arg in "$@"; do
   value=${arg#*=}
   case $arg in
@@ -32,6 +35,7 @@ for arg in "$@"; do
     --soversion=*) soversion=$value ;;
     --sanitize=*) sanitize=$value ;;
     --tools=*) tools=$value ;; # comma-separated tool targets that were built
+    --readme=*) readme=$value ;;
     *) die "unknown argument: $arg" ;;
   esac
 done
@@ -159,7 +163,22 @@ echo "pkg-config --cflags --libs shoal: $pc_flags"
 "$cc" -std=c11 $cflags -o "$tmp/consumer-pkgconfig" "$consumer_dir/consumer.c" $pc_flags ||
   die "compiling the consumer with pkg-config flags failed"
 
-step "run the pkg-config-built consumer"
-"$tmp/consumer-pkgconfig" || die "the pkg-config-built consumer failed"
+step "run the pkg-config-built consumer (no LD_LIBRARY_PATH: the RPATH from shoal.pc)"
+env -u LD_LIBRARY_PATH "$tmp/consumer-pkgconfig" ||
+  die "the pkg-config-built consumer failed (does shoal.pc's Libs carry -Wl,-rpath?)"
+
+# ---- 5. the README's sequence, as written ---------------------------------
+if [[ -n $readme && " ${tool_list[*]} " == *" shoalrun "* ]]; then
+  step "the README's example: cc example.c \$(pkg-config ...), shoalrun -np 4 ./example"
+  # The first C block after the "A short C example" heading.
+  sed -n '/^## A short C example/,$p' "$readme" | sed -n '/^```c$/,/^```$/p' | sed '1d;/^```$/,$d' >"$tmp/example.c"
+  [[ -s $tmp/example.c ]] || die "no C example found in $readme"
+  # shellcheck disable=SC2046
+  (cd "$tmp" && env -u LD_LIBRARY_PATH "$cc" example.c ${sanitize:+-fsanitize=$sanitize} \
+     $(PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config --cflags --libs shoal) -o example) ||
+    die "building the README's example as the README says failed"
+  (cd "$tmp" && env -u LD_LIBRARY_PATH -u SHOAL_STORE -u SHOAL_TOKEN timeout 120 "$bin/shoalrun" -np 4 ./example) ||
+    die "the README's example under the installed shoalrun -np 4 failed"
+fi
 
 echo "install test: PASS"

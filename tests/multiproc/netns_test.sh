@@ -27,8 +27,8 @@ export SHOAL_TIMEOUT_S=20
 fail=0
 launch=("$netns/run.sh" --name "$name" --timeout-s 60)
 
-# field FILE KEY: a top-level number or string of a JSON file.
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+# field FILE KEY.KEY...: a number or string of a JSON file (shoal-bench -J: nccl-tests' schema).
+field() { python3 -c 'import functools,json,sys; print(functools.reduce(lambda d, k: d[k], sys.argv[2].split("."), json.load(open(sys.argv[1]))))' "$1" "$2"; }
 tx_total() { python3 -c 'import json,sys; print(sum(h["tx_bytes"] for h in json.load(open(sys.argv[1]))["hosts"]))' "$1"; }
 
 echo "== dense and sketch allreduce across two namespaces, 4 MiB, 1 Gbit/s"
@@ -40,9 +40,9 @@ done
 if [[ -s "$tmp/none.json" && -s "$tmp/sketch.json" ]]; then
   dense=$(tx_total "$tmp/none.wire") sketch=$(tx_total "$tmp/sketch.wire")
   echo "bytes sent by both hosts' eth0: dense $dense, sketch $sketch"
-  [[ "$(field "$tmp/sketch.json" wrong)" == 0 && "$(field "$tmp/none.json" wrong)" == 0 ]] ||
+  [[ "$(field "$tmp/sketch.json" out_of_bounds.count)" == 0 && "$(field "$tmp/none.json" out_of_bounds.count)" == 0 ]] ||
     { echo "FAIL: wrong elements"; fail=1; }
-  [[ "$(field "$tmp/sketch.json" error_kind)" == exact ]] || { echo "FAIL: sketch is not declared exact"; fail=1; }
+  [[ "$(field "$tmp/sketch.json" config.error_kind)" == exact ]] || { echo "FAIL: sketch is not declared exact"; fail=1; }
   ((dense > 30000000)) || { echo "FAIL: dense sent $dense bytes, expected > 30 MB (did it use the veths?)"; fail=1; }
   ((sketch * 3 < dense)) || { echo "FAIL: the sketch did not send 3x fewer bytes than dense"; fail=1; }
 else

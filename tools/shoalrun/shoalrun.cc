@@ -42,7 +42,8 @@ constexpr size_t kMaxLineBytes = 1 << 20;
 const char kUsage[] =
     "usage: shoalrun -np N [--timeout-s S] [--] prog [args...]\n"
     "       shoalrun --print-config [--markdown]\n"
-    "       shoalrun --list-compressors\n";
+    "       shoalrun --list-compressors\n"
+    "       shoalrun --version\n";
 
 const char kHelp[] =
     "\n"
@@ -64,11 +65,14 @@ const char kHelp[] =
     "  --print-config       list every SHOAL_* variable with its default, value and meaning\n"
     "  --markdown           with --print-config: print a Markdown table\n"
     "  --list-compressors   list the compressors: built-ins and plugins on SHOAL_PLUGIN_PATH\n"
+    "  --version            shoalrun's version and the loaded libshoal's\n"
     "  -h, --help           this text\n"
     "\n"
-    "Beyond one machine, launch with mpirun or srun and pass the store and token through:\n"
-    "  mpirun -np 16 -H host0:8,host1:8 -x SHOAL_STORE=tcp://host0:29500 -x SHOAL_TOKEN=<token> prog\n"
-    "  SHOAL_STORE=tcp://host0:29500 srun -n 16 prog\n"
+    "Beyond one machine, launch with mpirun or srun and pass the store and token through the\n"
+    "environment (a token on the command line is visible to every local user in ps):\n"
+    "  export SHOAL_STORE=tcp://host0:29500 SHOAL_TOKEN=$(openssl rand -hex 16)\n"
+    "  mpirun -np 16 -H host0:8,host1:8 -x SHOAL_STORE -x SHOAL_TOKEN prog\n"
+    "  srun -n 16 prog\n"
     "shoal reads the rank and world size from OMPI_COMM_WORLD_* or SLURM_* there.\n";
 
 struct Options {
@@ -78,6 +82,7 @@ struct Options {
   bool markdown = false;
   bool listCompressors = false;
   bool help = false;
+  bool version = false;
   std::vector<std::string> command;
 };
 
@@ -139,13 +144,15 @@ Options parseArguments(int argc, char** argv) {
       options.listCompressors = true;
     } else if (arg == "-h" || arg == "--help") {
       options.help = true;
+    } else if (arg == "--version") {
+      options.version = true;
     } else {
       usageError("unknown option '" + arg + "'");
     }
   }
   for (; index < argc; ++index) options.command.emplace_back(argv[index]);
 
-  if (options.help || options.printConfig || options.listCompressors) {
+  if (options.help || options.version || options.printConfig || options.listCompressors) {
     if (options.markdown && !options.printConfig) usageError("--markdown goes with --print-config");
     return options;
   }
@@ -628,6 +635,13 @@ int main(int argc, char** argv) {
   Options options = parseArguments(argc, argv);
   if (options.help) {
     std::printf("%s%s", kUsage, kHelp);
+    return 0;
+  }
+  if (options.version) {
+    int library = 0;
+    shoal_get_version(&library);
+    std::printf("shoalrun %d.%d.%d (libshoal %d.%d.%d)\n", SHOAL_VERSION_MAJOR, SHOAL_VERSION_MINOR,
+                SHOAL_VERSION_PATCH, library / 10000, library / 100 % 100, library % 100);
     return 0;
   }
   if (options.printConfig) {

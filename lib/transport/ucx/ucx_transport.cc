@@ -86,6 +86,7 @@ class UcxTransport final : public Transport {
   bool failed() const override { return !failure_.empty(); }
   uint64_t bytesSent() const override { return bytesSent_; }
   const std::string& failure() const override { return failure_; }
+  std::string describePeer(int peer) const override;  // defined at the end of this file
 
  private:
   struct PeerSlot {
@@ -492,6 +493,57 @@ void UcxTransport::abort(const std::string& reason) {
     ucp_request_free(request);
   }
   SHOAL_LOG_DEBUG("rank {} aborted the communicator: {}", rank_, reason);
+}
+
+// ---- Describing what UCX chose for each peer (SHOAL_LOG_LEVEL=info, api/comm_info.cc) ----
+//
+// UCX 1.13's ucp_ep_query reports no transports, so the endpoint's own report
+// (ucp_ep_print_info) is read back: its "lane[i]: n:tl/dev.k ..." lines name
+// the transport and device of every lane.
+std::string UcxTransport::describePeer(int peer) const {
+  if (peer == rank_) return "self";
+  if (peer < 0 || peer >= size_ || endpoints_[peer] == nullptr) return "not connected";
+  char* text = nullptr;
+  size_t length = 0;
+  FILE* out = open_memstream(&text, &length);
+  if (out == nullptr) return "unknown (open_memstream failed)";
+  ucp_ep_print_info(endpoints_[peer], out);
+  std::fclose(out);
+  std::string report(text, length);
+  std::free(text);
+
+  std::vector<std::string> lanes;  // "tl/dev", each once, in lane order
+  for (size_t at = report.find("lane["); at != std::string::npos; at = report.find("lane[", at + 1)) {
+    size_t colon = report.find(':', at);
+    if (colon == std::string::npos) break;
+    size_t begin = report.find_first_not_of(" \t", colon + 1);
+    size_t end = report.find_first_of(" \t\n", begin);
+    if (begin == std::string::npos || end == std::string::npos) break;
+    std::string resource = report.substr(begin, end - begin);       // e.g. "8:posix/memory.0"
+    if (size_t index = resource.find(':'); index != std::string::npos) resource.erase(0, index + 1);
+    if (size_t dot = resource.rfind('.'); dot != std::string::npos) resource.erase(dot);  // the lane's sub-index
+    bool seen = false;
+    for (const std::string& lane : lanes) seen = seen || lane == resource;
+    if (!seen) lanes.push_back(resource);
+  }
+  if (lanes.empty()) return "unknown (UCX reported no lanes)";
+  bool sharedMemory = false, tcp = false, rdma = false;
+  for (const std::string& lane : lanes) {
+    const std::string tl = lane.substr(0, lane.find('/'));
+    if (tl == "posix" || tl == "sysv" || tl == "cma" || tl == "xpmem" || tl == "knem" || tl == "self")
+      sharedMemory = true;
+    else if (tl == "tcp")
+      tcp = true;
+    else if (tl.rfind("rc", 0) == 0 || tl.rfind("ud", 0) == 0 || tl.rfind("dc", 0) == 0 || tl == "ib")
+      rdma = true;
+  }
+  std::string kinds;
+  for (auto [on, kind] : {std::pair{sharedMemory, "shared memory"}, {tcp, "TCP"}, {rdma, "RDMA"}})
+    if (on) kinds += (kinds.empty() ? "" : " + ") + std::string(kind);
+  std::string joined;
+  for (const std::string& lane : lanes) joined += (joined.empty() ? "" : ", ") + lane;
+  return fmt::format("{} ({}){}", kinds.empty() ? "other" : kinds, joined,
+                     localPeerPid_[peer] != 0 ? ", same host" : "");
 }
 
 }  // namespace

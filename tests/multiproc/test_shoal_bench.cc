@@ -1,0 +1,254 @@
+// shoal-bench and shoalrun as a new user meets them (issue 13.3, 13.7, 13.8, 13.9): nccl-tests'
+// flags (-a averaging, -c N checks), --algo, the -J JSON schema, --shape for PowerSGD, the
+// effective and payload bandwidths, --version, the timeline of a blocking-call program, and
+// SHOAL_LOG_LEVEL=info's summary once per communicator. Every run is `shoalrun -np 2`.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/json_lite.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using shoal::test::json::Value;
+
+const std::string kBin = SHOAL_BIN_DIR;
+
+struct Outcome {
+  int exitCode = -1;
+  std::string out, err;
+};
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class ShoalBench : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef SHOAL_TEST_HAVE_BENCH
+    GTEST_SKIP() << "shoal-bench is not built here (SHOAL_BUILD_BENCH=OFF)";
+#endif
+    std::string pattern = (fs::temp_directory_path() / "shoal_bench_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!dir_.empty()) fs::remove_all(dir_, ignored);
+  }
+
+  // Runs `program args` (a path under the bin dir) with extra environment, bounded by 120 s.
+  Outcome run(const std::string& program, const std::vector<std::string>& args,
+          const std::map<std::string, std::string>& environment = {}) {
+    const fs::path outPath = dir_ / "out", errPath = dir_ / "err";
+    const std::string path = kBin + "/" + program;
+    pid_t pid = fork();
+    if (pid == 0) {
+      int outFd = open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int errFd = open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int nullFd = open("/dev/null", O_RDONLY);
+      if (outFd < 0 || errFd < 0 || nullFd < 0) _exit(250);
+      dup2(nullFd, STDIN_FILENO), dup2(outFd, STDOUT_FILENO), dup2(errFd, STDERR_FILENO);
+      for (const char* name : {"SHOAL_STORE", "SHOAL_TOKEN", "SHOAL_COMPRESSOR", "SHOAL_COMPRESSOR_OPTS",
+                               "SHOAL_LOG_LEVEL", "SHOAL_TIMELINE", "SHOAL_ALGO"})
+        unsetenv(name);
+      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(path.c_str())};
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      execv(path.c_str(), argv.data());
+      _exit(251);
+    }
+    Outcome result;
+    int status = 0;
+    const auto start = Clock::now();
+    while (waitpid(pid, &status, WNOHANG) != pid) {
+      if (Clock::now() - start > std::chrono::seconds(120)) {
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+        ADD_FAILURE() << program << " did not finish within 120 s";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    result.out = readFile(outPath);
+    result.err = readFile(errPath);
+    return result;
+  }
+
+  // shoalrun -np 2 shoal-bench args -J file: the parsed document (a failure when it is not one).
+  Value bench(std::vector<std::string> args, const std::map<std::string, std::string>& environment = {}) {
+    const std::string json = (dir_ / "bench.json").string();
+    std::vector<std::string> all{"-np", "2", kBin + "/shoal-bench"};
+    all.insert(all.end(), args.begin(), args.end());
+    all.insert(all.end(), {"-J", json});
+    last_ = run("shoalrun", all, environment);
+    EXPECT_EQ(last_.exitCode, 0) << last_.out << last_.err;
+    try {
+      return shoal::test::json::parse(readFile(json));
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "not JSON: " << error.what() << "\n" << readFile(json).substr(0, 2000);
+      return {};
+    }
+  }
+
+  fs::path dir_;
+  Outcome last_;
+};
+
+TEST_F(ShoalBench, JsonFollowsNcclTestsSchemaAndAveragingModes) {
+  for (int average : {1, 3}) {
+    Value doc = bench({"-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "-c", "2", "-a",
+                       std::to_string(average)});
+    ASSERT_EQ(doc.kind, Value::Kind::Object);
+    EXPECT_EQ(doc.at("version").number, 3);
+    for (const char* key : {"start_time", "end_time", "args", "env", "config", "results", "out_of_bounds",
+                            "average_bus_bandwidth", "errors"})
+      EXPECT_TRUE(doc.has(key)) << key;
+    const Value& config = doc.at("config");
+    EXPECT_EQ(config.at("validation").number, 2);  // -c 2: two checked iterations
+    EXPECT_EQ(config.at("iterations").number, 2);
+    EXPECT_EQ(config.at("minimum_bytes").number, 65536);
+    EXPECT_EQ(config.at("step_factor").number, 4);
+    EXPECT_EQ(config.at("average").number, average);
+    EXPECT_EQ(config.at("devices").items.size(), 2u);
+    for (const Value& variable : doc.at("env").items) EXPECT_EQ(variable.text.rfind("SHOAL_TOKEN=", 0), std::string::npos);
+    ASSERT_EQ(doc.at("results").items.size(), 2u);
+    for (const Value& row : doc.at("results").items) {
+      EXPECT_EQ(row.at("type").text, "float");
+      EXPECT_EQ(row.at("redop").text, "sum");
+      EXPECT_EQ(row.at("root").text, "    -1");
+      for (const char* mode : {"out_of_place", "in_place"}) {
+        const Value& r = row.at(mode);
+        for (const char* key : {"time", "alg_bw", "bus_bw", "nwrong", "time_avg", "time_max", "time_min", "time_rank0"})
+          ASSERT_TRUE(r.has(key)) << mode << " lacks " << key;
+        EXPECT_EQ(r.at("nwrong").number, 0);
+        EXPECT_LE(r.at("time_min").number, r.at("time_avg").number);
+        EXPECT_LE(r.at("time_avg").number, r.at("time_max").number);
+        EXPECT_DOUBLE_EQ(r.at("time").number, r.at(average == 3 ? "time_max" : "time_avg").number);
+        EXPECT_NEAR(r.at("alg_bw").number, row.at("size").number / 1e3 / r.at("time").number, 1e-4);
+        EXPECT_NEAR(r.at("bus_bw").number, r.at("alg_bw").number, 1e-4);  // 2(n-1)/n = 1 at n = 2
+      }
+    }
+    EXPECT_EQ(doc.at("out_of_bounds").at("count").number, 0);
+    const std::string said = average == 3 ? "# time: the slowest rank's mean time per iteration (-a 3"
+                                          : "# time: the average over ranks of each rank's mean time per iteration (-a 1";
+    EXPECT_NE(last_.out.find(said), std::string::npos) << last_.out;
+  }
+}
+
+TEST_F(ShoalBench, AlgorithmIsDashDashAlgoAndDashAIsAveraging) {
+  Outcome bad = run("shoalrun", {"-np", "2", kBin + "/shoal-bench", "-a", "ring", "-b", "1K", "-e", "1K"});
+  EXPECT_EQ(bad.exitCode, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("--algo ring"), std::string::npos) << bad.err;
+  Value doc = bench({"--algo", "ring", "-b", "1M", "-e", "1M", "-n", "2", "-w", "1"});
+  EXPECT_EQ(doc.at("config").at("algorithm").text, "ring");
+  Outcome unknown = run("shoalrun", {"-np", "2", kBin + "/shoal-bench", "--algo", "bogus", "-b", "1K", "-e", "1K"});
+  EXPECT_NE(unknown.exitCode, 0);
+  EXPECT_NE(unknown.err.find("bogus"), std::string::npos) << unknown.err;
+}
+
+// PowerSGD compresses matrices only: on --shape 256x256 the ratio is above 1, on a 1-D tensor
+// of the same size it is exactly 1 (sent uncompressed), and the report shows both.
+TEST_F(ShoalBench, ShapeLetsPowerSgdCompress) {
+  Value doc = bench({"--shape", "256x256,65536", "--compressor", "powersgd", "-n", "2", "-w", "1"});
+  ASSERT_EQ(doc.at("results").items.size(), 2u);
+  const Value& matrix = doc.at("results").items[0];
+  const Value& vector = doc.at("results").items[1];
+  EXPECT_EQ(matrix.at("shape").text, "256x256");
+  EXPECT_EQ(matrix.at("count").number, 65536);
+  EXPECT_GT(matrix.at("out_of_place").at("ratio").number, 4.0);
+  EXPECT_DOUBLE_EQ(vector.at("out_of_place").at("ratio").number, 1.0);
+  EXPECT_EQ(doc.at("out_of_bounds").at("count").number, 0);
+  EXPECT_NE(last_.out.find("# shape 256x256: 1 tensor of 65536 elements"), std::string::npos) << last_.out;
+}
+
+TEST_F(ShoalBench, ShapeResNet50IsOneRowOfItsTensors) {
+  Value doc = bench({"--shape", "resnet50", "-n", "1", "-w", "0", "-c", "0"});
+  ASSERT_EQ(doc.at("results").items.size(), 1u);
+  const Value& row = doc.at("results").items[0];
+  EXPECT_EQ(row.at("tensors").number, 161);
+  EXPECT_EQ(row.at("count").number, 25557032);
+  EXPECT_EQ(row.at("size").number, 4.0 * 25557032);
+  EXPECT_EQ(row.at("out_of_place").at("nwrong").kind, Value::Kind::Null);  // -c 0: not checked
+}
+
+// With a compressor, busbw is the effective (uncompressed) figure, labelled, and the payload's
+// bandwidth is reported beside it.
+TEST_F(ShoalBench, CompressorReportsEffectiveAndPayloadBandwidth) {
+  Value doc = bench({"-b", "1M", "-e", "1M", "-n", "2", "-w", "1", "--compressor", "topk", "--copts", "ratio=0.01"});
+  const Value& r = doc.at("results").items.at(0).at("out_of_place");
+  EXPECT_GT(r.at("ratio").number, 10);
+  EXPECT_NEAR(r.at("bus_bw").number, 1048576 / 1e3 / r.at("time").number, 1e-4);  // uncompressed bytes
+  EXPECT_LT(r.at("payload_bus_bw").number, r.at("bus_bw").number / 10);
+  EXPECT_NE(last_.out.find("Avg bus bandwidth    : "), std::string::npos);
+  EXPECT_NE(last_.out.find("(effective: uncompressed bytes over the time)"), std::string::npos) << last_.out;
+  EXPECT_NE(last_.out.find("Avg payload bus bandwidth"), std::string::npos) << last_.out;
+}
+
+TEST_F(ShoalBench, VersionsOfBothTools) {
+  Outcome bench = run("shoal-bench", {"--version"});
+  EXPECT_EQ(bench.exitCode, 0);
+  EXPECT_TRUE(std::regex_search(bench.out, std::regex("^shoal-bench \\d+\\.\\d+\\.\\d+ .*running libshoal \\d+\\.\\d+\\.\\d+")))
+      << bench.out;
+  Outcome shoalrun = run("shoalrun", {"--version"});
+  EXPECT_EQ(shoalrun.exitCode, 0);
+  EXPECT_TRUE(std::regex_search(shoalrun.out, std::regex("^shoalrun \\d+\\.\\d+\\.\\d+ \\(libshoal \\d+\\.\\d+\\.\\d+\\)")))
+      << shoalrun.out;
+  // The srun and mpirun examples pass the token through the environment, never as a value.
+  Outcome help = run("shoalrun", {"--help"});
+  EXPECT_NE(help.out.find("-x SHOAL_TOKEN prog"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("srun -n 16 prog"), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("SHOAL_TOKEN=<"), std::string::npos) << help.out;
+}
+
+// A program of blocking calls only (shoal-bench) writes a timeline: one BLOCKING_CALL event per
+// call, and SHOAL_LOG_LEVEL=info prints each rank's summary exactly once.
+TEST_F(ShoalBench, TimelineAndInfoSummaryOfABlockingProgram) {
+  const std::string timeline = (dir_ / "trace.json").string();
+  bench({"-b", "4K", "-e", "4K", "-n", "3", "-w", "1", "-c", "1"},
+        {{"SHOAL_TIMELINE", timeline}, {"SHOAL_LOG_LEVEL", "info"}});
+  Value trace;
+  try {
+    trace = shoal::test::json::parse(readFile(timeline));
+  } catch (const std::exception& error) {
+    FAIL() << "the timeline is not JSON: " << error.what() << "\n" << readFile(timeline).substr(0, 1000);
+  }
+  std::map<std::string, int> calls;
+  for (const Value& event : trace.items)
+    if (event.at("ph").text == "X" && event.at("name").text == "BLOCKING_CALL") ++calls[event.at("args").at("call").text];
+  // Per mode: 1 warm-up + 3 timed + 1 checked allreduce_tensor calls, twice.
+  EXPECT_GE(calls["shoal_allreduce_tensor"], 10) << readFile(timeline).substr(0, 2000);
+  EXPECT_GE(calls["shoal_barrier"], 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::regex summary("\\[" + std::to_string(rank) + "\\] shoal INFO \\[pid \\d+\\] rank " +
+                             std::to_string(rank) + ": shoal \\d+\\.\\d+\\.\\d+ ");
+    const auto n = std::distance(std::sregex_iterator(last_.err.begin(), last_.err.end(), summary), std::sregex_iterator());
+    EXPECT_EQ(n, 1) << last_.err;
+  }
+  EXPECT_NE(last_.err.find("peer 1 via ucx shared memory"), std::string::npos) << last_.err;
+}
+
+}  // namespace
