@@ -111,12 +111,11 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
            options->struct_size);
     shoal_async_options_t resolved = SHOAL_ASYNC_OPTIONS_INIT;
     if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
-    r->meta.compressor = resolved.compressor ? resolved.compressor : config::getString("SHOAL_COMPRESSOR");
-    r->meta.options = resolved.compressor_options ? resolved.compressor_options
-                                                  : config::getString("SHOAL_COMPRESSOR_OPTS");
-    r->meta.minBytes = resolved.compress_min_bytes >= 0 ? resolved.compress_min_bytes
-                                                        : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
-    if (r->meta.compressor.empty()) r->meta.compressor = "none";
+    plugin::CompressorChoice choice =
+        plugin::resolveCompressor(resolved.compressor, resolved.compressor_options, resolved.compress_min_bytes);
+    r->meta.compressor = choice.name;
+    r->meta.options = choice.options;
+    r->meta.minBytes = choice.minBytes;
     r->input = *input;
     r->output = *output;
     return r;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "api/agree.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
 #include "api/run.h"
@@ -82,6 +83,18 @@ size_t checkedElements(const char* call, const char* name, const shoal_tensor_t*
   return elements;
 }
 
+CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
+                          const char* algorithm = "") {
+  CallSignature signature;
+  signature.kind = kind;
+  signature.dtype = dtype;
+  signature.op = op;
+  signature.count = count;
+  signature.root = root;
+  signature.algorithm = algorithm;
+  return signature;
+}
+
 }  // namespace
 }  // namespace shoal
 
@@ -149,6 +162,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
       checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
       shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
       shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
+      CallScope scope(c, signatureOf(CallKind::Allreduce, dtype, op, count));
       allreduceTensor(c, sequence, input, output, op, nullptr);
     });
   });
@@ -195,6 +209,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
         checkBuffer(call, "output->data", output->data, bytes);
         checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
       });
+      CallScope scope(c, signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
       allreduceTensor(c, sequence, *input, *output, op, &resolved);
     });
   });
@@ -231,6 +246,15 @@ void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t
   }()) * element;
   checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
   if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
+  // Every rank's count and place, as every rank sees them: one digest.
+  uint64_t layout = 1469598103934665603ull;
+  for (int r = 0; r < c.size; ++r) {
+    layout = (layout ^ recvcounts[r]) * 1099511628211ull;
+    layout = (layout ^ (displs ? displs[r] : ~size_t(0))) * 1099511628211ull;
+  }
+  CallSignature signature = signatureOf(CallKind::Allgather, dtype, -1, sendcount, -1, "ring");
+  signature.layout = layout;
+  CallScope scope(c, std::move(signature));
   if (totalBytes == 0) return emptyCall(c, sequence);
   // Every rank forwards every block: one tag per segment and step.
   Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
@@ -282,9 +306,15 @@ void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* r
     checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
   }
-  if (bytes == 0) return emptyCall(c, sequence);
   bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
+  CallScope scope(c, signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
+  if (bytes == 0) return emptyCall(c, sequence);
   runCollective(c, sequence, [&](Context& context) {
+    // Broadcast data flows one way: the root hears from no one. Empty
+    // messages along a dissemination pattern first carry every rank's
+    // signature (root included) to every rank, so a rank that names another
+    // root or dtype fails the call everywhere before any data is written.
+    barrierDissemination(context);
     tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
   });
 }
@@ -385,6 +415,7 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
       checkBuffer(call, "recvbuf", recvbuf, bytes);
       const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
       checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+      CallScope scope(c, signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
       if (recvcount == 0) return emptyCall(c, sequence);
       Reducer reducer(dtype, op);
       // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
@@ -406,6 +437,7 @@ SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_barrier");
     runtime::blockingCall(c, "shoal_barrier", [&] {
+      CallScope scope(c, signatureOf(CallKind::Barrier, -1, -1, 0));
       runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
     });
   });

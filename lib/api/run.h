@@ -7,19 +7,21 @@
 
 namespace shoal {
 
-// Runs one collective with its call's sequence number (taken at entry, even
-// when the arguments are then refused, so that a rank that skips a call can
+// Runs one collective with its call's sequence number and signature
+// (comm.call, api/agree.h). The number is taken at entry, even when the
+// arguments are then refused, so that a rank that skips a call can
 // never pair its next call with its peers' current one: they see a timeout
-// or mismatch instead of a silently wrong result). Any failure aborts the
+// or mismatch instead of a silently wrong result. Any failure aborts the
 // communicator (peers are told) and is rethrown.
 template <typename Body>
 void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
-  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
+                  comm.callWord);
   try {
     body(context);
     comm.transport->checkNotAborted();
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
     throw;
   }
 }

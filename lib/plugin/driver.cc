@@ -27,6 +27,19 @@ uint64_t fingerprint(const std::string& text) {
 
 }  // namespace
 
+CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes) {
+  CompressorChoice choice;
+  const std::string environment = config::getString("SHOAL_COMPRESSOR");
+  choice.name = callCompressor ? callCompressor : environment;
+  if (choice.name.empty()) choice.name = "none";
+  if (callOptions)
+    choice.options = callOptions;
+  else if (!environment.empty() && choice.name == environment)
+    choice.options = config::getString("SHOAL_COMPRESSOR_OPTS");
+  choice.minBytes = callMinBytes >= 0 ? callMinBytes : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  return choice;
+}
+
 size_t elementsCount(const shoal_tensor_t& tensor) {
   size_t count = 1;
   for (int d = 0; d < tensor.ndim; ++d) count *= static_cast<size_t>(tensor.shape[d]);
@@ -264,11 +277,12 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   plugin::CompressStats stats;
   stats.inputBytes = bytes;
 
-  std::string name = options && options->compressor ? options->compressor : config::getString("SHOAL_COMPRESSOR");
-  std::string copts = options && options->compressor_options ? options->compressor_options
-                                                             : config::getString("SHOAL_COMPRESSOR_OPTS");
-  long long minBytes = options && options->compress_min_bytes >= 0 ? options->compress_min_bytes
-                                                                   : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  const plugin::CompressorChoice choice =
+      plugin::resolveCompressor(options ? options->compressor : nullptr, options ? options->compressor_options : nullptr,
+                                options ? options->compress_min_bytes : -1);
+  const std::string& name = choice.name;
+  const std::string& copts = choice.options;
+  const long long minBytes = choice.minBytes;
   // Resolve the compressor first, whatever the tensor: an unknown name or bad
   // options fail every call on every rank, not only the ones that compress.
   // ("none" without options needs no instance: it is the plain path.)
@@ -287,6 +301,19 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                              "\"none\" (plain NCCL allreduce), or host tensors",
                              call, name));
   checkCudaReady(comm, call, route);
+  // The compression decision and the algorithm are part of the call's
+  // signature (api/agree.h): a rank that compresses where another does not
+  // fails with MISMATCH at the first message.
+  if (comm.call.kind == CallKind::Allreduce) {
+    comm.call.compressed = compress;
+    if (compress) {
+      comm.call.compressor = name;
+      comm.call.options = copts;
+    } else if (!route.cuda) {
+      comm.call.algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name;
+    }
+    refreshCallWord(comm);
+  }
   if (!compress && route.cuda) {
     cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
     comm.lastStats = stats;

@@ -75,6 +75,21 @@ using RoundObserver = std::function<void(const RoundEvent&)>;
 
 }  // namespace shoal::plugin
 
+namespace shoal::plugin {
+// The compressor a call runs, its options and minimum size, resolved in one
+// place for the blocking and the async calls: the call's own name, else
+// SHOAL_COMPRESSOR, else "none". SHOAL_COMPRESSOR_OPTS belongs to the
+// environment's compressor only: a call that names another compressor (say
+// "none" or "fp16" while topk's options are exported) runs it with its own
+// options or none. A call's minimum < 0 means SHOAL_COMPRESS_MIN_BYTES.
+struct CompressorChoice {
+  std::string name;
+  std::string options;
+  long long minBytes = 0;
+};
+CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes);
+}  // namespace shoal::plugin
+
 namespace shoal {
 // Allreduce of one tensor: compressed when a compressor is selected and the
 // tensor qualifies (op sum/avg, a dtype the compressor takes, at least the
