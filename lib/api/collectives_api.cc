@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "api/agree.h"
+#include "api/checks.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
 #include "api/run.h"
@@ -33,13 +34,9 @@ void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
          shoal_op_name(op), shoal_dtype_name(dtype));
 }
 
-// count x elementSize x factor bytes, refusing sizes that overflow size_t.
+// count x elementSize x factor bytes within the largest buffer (api/checks.h).
 size_t checkedBytes(const char* call, const char* what, size_t count, shoal_dtype_t dtype, size_t factor = 1) {
-  size_t element = dtypeSize(dtype);
-  if (count != 0 && (std::numeric_limits<size_t>::max() / element / factor < count))
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} = {} elements of {} overflows the addressable size; pass a smaller count",
-         call, what, count, shoal_dtype_name(dtype));
-  return count * element * factor;
+  return checkedByteCount(call, what, count, dtype, factor);
 }
 
 void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
@@ -71,16 +68,10 @@ void refuseTakingNumber(shoal_comm& c, Checks&& checks) {
   }
 }
 
-// Elements of a tensor after checking its rank and shape.
+// Elements of a tensor after checking its rank and shape (api/checks.h).
 size_t checkedElements(const char* call, const char* name, const shoal_tensor_t* tensor) {
   if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, name);
-  if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, name, tensor->ndim, SHOAL_MAX_DIMS);
-  for (int d = 0; d < tensor->ndim; ++d)
-    if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is negative", call, name, d);
-  size_t elements = plugin::elementsCount(*tensor);
-  checkedBytes(call, name, elements, tensor->dtype);
-  return elements;
+  return checkedTensorElements(call, name, *tensor);
 }
 
 CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
@@ -190,20 +181,11 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
         if (output->dtype != input->dtype)
           fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
                shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-        size_t count = 1;
-        for (const shoal_tensor_t* tensor : {input, output}) {
-          if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
-          size_t elements = 1;
-          for (int d = 0; d < tensor->ndim; ++d) {
-            if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
-            elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
-          }
-          count = elements;
-        }
-        if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
+        const size_t count = checkedTensorElements(call, "input", *input);
+        const size_t outputCount = checkedTensorElements(call, "output", *output);
+        if (count != outputCount)
           fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
-               call, plugin::elementsCount(*input), plugin::elementsCount(*output));
+               call, count, outputCount);
         size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
         checkBuffer(call, "input->data", input->data, bytes);
         checkBuffer(call, "output->data", output->data, bytes);

@@ -29,8 +29,10 @@ uint64_t fingerprint(const std::string& text) {
 
 CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes) {
   CompressorChoice choice;
-  const std::string environment = config::getString("SHOAL_COMPRESSOR");
+  // Only a compressor the environment names owns the environment's options.
+  const std::string environment = config::getRaw("SHOAL_COMPRESSOR").value_or("");
   choice.name = callCompressor ? callCompressor : environment;
+  if (choice.name.empty()) choice.name = config::getString("SHOAL_COMPRESSOR");
   if (choice.name.empty()) choice.name = "none";
   if (callOptions)
     choice.options = callOptions;
@@ -95,6 +97,14 @@ CompressorInstance& CompressorCache::get(const std::string& name, const std::str
   return result;
 }
 
+std::string CompressorCache::unnamedKey(const shoal_tensor_t& output) {
+  std::string shape = fmt::format("unnamed/{}/", shoal_dtype_name(output.dtype));
+  for (int d = 0; d < output.ndim; ++d) shape += fmt::format("{}{}", d ? "x" : "", output.shape[d]);
+  std::map<const void*, int>& buffers = unnamedBuffers_[shape];
+  auto found = buffers.try_emplace(output.data, static_cast<int>(buffers.size())).first;
+  return fmt::format("{}#{}", shape, found->second);
+}
+
 }  // namespace shoal::plugin
 
 namespace shoal {
@@ -133,6 +143,25 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
   if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE && !isValidDtypeOp(payload.dtype, payload.op))
     refuse(fmt::format("op {} on dtype {}", shoal_op_name(payload.op), shoal_dtype_name(payload.dtype)));
   if (payload.buffer == nullptr && payload.count > 0) refuse("NULL buffer");
+}
+
+// Issue 13.3: a compressor that sent a tensor uncompressed, or more bytes
+// than the tensor holds, says so once per tensor name at info level, and why.
+void noteIneffectiveCompression(shoal_comm& comm, const std::string& compressor,
+                                const std::vector<shoal_compress_tensor_t>& tensors, const plugin::CompressStats& stats) {
+  if (stats.inputBytes == 0 || stats.payloadBytes < stats.inputBytes) return;
+  for (const shoal_compress_tensor_t& tensor : tensors) {
+    const std::string name = tensor.name ? tensor.name : "(unnamed)";
+    if (!comm.compressors.firstTime(compressor + "|" + name)) continue;
+    std::string why = "its encoding of this tensor is no smaller than the data";
+    if (compressor == "powersgd" && tensor.input.ndim < 2)
+      why = "powersgd compresses matrices: a 1-D tensor travels densely (give the tensor a 2-D shape)";
+    else if (compressor == "sketch")
+      why = "the tensor is too dense for a sketch (its index and cells outweigh the dense values)";
+    SHOAL_LOG_INFO("compressor {} sent tensor '{}' ({} bytes) as {} payload bytes ({}): {}", compressor, name,
+                   stats.inputBytes, stats.payloadBytes,
+                   stats.payloadBytes == stats.inputBytes ? "uncompressed" : "larger than the input", why);
+  }
 }
 
 struct GatherSpace {
@@ -326,11 +355,17 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
     return;
   }
 
-  // Whether an unnamed tensor is acceptable depends on the options (topk with
-  // ef=0 keeps no state), so the compressor decides in start(): unnamed
-  // tensors get a state slot that lives for this call only.
+  // Unnamed tensors of a stateful compressor get a deterministic key from
+  // their output buffer, dtype and shape (CompressorCache::unnamedKey), so
+  // error feedback and warm starts carry over between steps; a stateless
+  // compressor's unnamed tensors get a state slot for this call only.
+  std::string unnamed;
   const char* tensorName = options && options->name && options->name[0] ? options->name : nullptr;
-  void* scratchState = nullptr;  // unnamed tensors get a state slot that lives for this call only
+  if (tensorName == nullptr && (instance->table().caps & SHOAL_CAP_STATEFUL)) {
+    unnamed = comm.compressors.unnamedKey(output);
+    tensorName = unnamed.c_str();
+  }
+  void* scratchState = nullptr;
   std::vector<shoal_compress_tensor_t> tensors(1);
   tensors[0].input = input;
   tensors[0].output = output;
@@ -344,6 +379,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   stats.compressor = name;
   try {
     runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
+    noteIneffectiveCompression(comm, name, tensors, stats);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)
       instance->table().destroy_tensor_state(instance->handle(), scratchState);
@@ -369,6 +405,7 @@ void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::st
   }
   const MemoryRoute hostRoute;  // the async runtime submits host tensors only
   runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
+  noteIneffectiveCompression(comm, compressor, tensors, stats);
   comm.lastStats = stats;
 }
 
