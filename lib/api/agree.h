@@ -26,8 +26,8 @@ struct CallSignature {
   int dtype = -1;          // shoal_dtype_t, -1 where the call has none
   int op = -1;             // shoal_op_t, -1 where the call has none
   int root = -1;           // broadcast only
-  uint64_t count = 0;      // elements (allgather: this rank's)
-  uint64_t layout = 0;     // allgatherv: every rank's count and displacement, hashed
+  uint64_t count = 0;      // elements (allgather: of every rank together)
+  uint64_t layout = 0;     // allgatherv: every rank's count, hashed
   std::string algorithm;   // the algorithm the call runs (resolved, not "auto")
   bool compressed = false;
   std::string compressor;  // with its options, when compressed

@@ -15,7 +15,7 @@ size_t checkedByteCount(const char* call, const char* what, size_t count, shoal_
   if (factor == 0 || count == 0) return 0;
   if (count > kMaxBufferBytes / element / factor)
     fail(SHOAL_ERR_INVALID_ARGUMENT,
-         "{}: {} = {} elements of {}{} is more than the largest buffer ({} bytes); pass a count of at most {}", call,
+         "{}: {} = {} elements of {}{} overflows the largest buffer ({} bytes); pass a count of at most {}", call,
          what, count, shoal_dtype_name(dtype), factor > 1 ? fmt::format(" x {}", factor) : std::string(),
          kMaxBufferBytes, kMaxBufferBytes / element / factor);
   return count * element * factor;

@@ -228,13 +228,11 @@ void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t
   }()) * element;
   checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
   if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
-  // Every rank's count and place, as every rank sees them: one digest.
+  // Every rank's count, as every rank sees it, in one digest. (Displacements
+  // place blocks in this rank's buffer only: they may differ between ranks.)
   uint64_t layout = 1469598103934665603ull;
-  for (int r = 0; r < c.size; ++r) {
-    layout = (layout ^ recvcounts[r]) * 1099511628211ull;
-    layout = (layout ^ (displs ? displs[r] : ~size_t(0))) * 1099511628211ull;
-  }
-  CallSignature signature = signatureOf(CallKind::Allgather, dtype, -1, sendcount, -1, "ring");
+  for (int r = 0; r < c.size; ++r) layout = (layout ^ recvcounts[r]) * 1099511628211ull;
+  CallSignature signature = signatureOf(CallKind::Allgather, dtype, -1, totalBytes / element, -1, "ring");
   signature.layout = layout;
   CallScope scope(c, std::move(signature));
   if (totalBytes == 0) return emptyCall(c, sequence);
