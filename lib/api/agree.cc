@@ -19,11 +19,15 @@ static_assert(kDigestShift + kDigestBits == kSignatureBits, "the signature fills
 
 uint32_t field(uint32_t word, int shift, int bits) { return (word >> shift) & ((1u << bits) - 1); }
 
-// FNV-1a: stable across standard libraries and runs.
-uint64_t mix(uint64_t hash, const void* data, size_t bytes) {
-  auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
+// Stable across standard libraries and runs: FNV-1a over text, a
+// multiply-xorshift step over integers.
+uint64_t mix(uint64_t hash, std::string_view text) {
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return (hash ^ 0xff) * 1099511628211ull;  // a separator: "ab","c" differs from "a","bc"
+}
+uint64_t mix(uint64_t hash, uint64_t value) {
+  hash = (hash ^ value) * 0x9e3779b97f4a7c15ull;
+  return hash ^ (hash >> 29);
 }
 
 const char* kindText(uint32_t kind) {
@@ -46,14 +50,11 @@ std::string opText(int op) {
 
 uint32_t CallSignature::word() const {
   uint64_t digest = 1469598103934665603ull;
-  digest = mix(digest, &count, sizeof count);
-  digest = mix(digest, &layout, sizeof layout);
-  digest = mix(digest, &root, sizeof root);
-  digest = mix(digest, algorithm.data(), algorithm.size());
-  digest = mix(digest, "|", 1);
-  digest = mix(digest, compressor.data(), compressor.size());
-  digest = mix(digest, "|", 1);
-  digest = mix(digest, options.data(), options.size());
+  digest = mix(digest, count);
+  digest = mix(digest, layout);
+  digest = mix(digest, static_cast<uint64_t>(root));
+  digest = mix(digest, algorithm);
+  if (compressed) digest = mix(mix(digest, compressor), options);
   digest ^= digest >> 32;
   digest ^= digest >> 16;
   digest ^= digest >> 8;
@@ -68,27 +69,35 @@ std::string CallSignature::describe() const {
   if (dtype >= 0) text += ", " + dtypeText(dtype);
   if (op >= 0) text += ", " + opText(op);
   if (root >= 0) text += fmt::format(", root {}", root);
-  if (!algorithm.empty()) text += ", algorithm " + algorithm;
+  if (!algorithm.empty()) text += fmt::format(", algorithm {}", algorithm);
   if (kind == CallKind::Allreduce)
-    text += compressed ? fmt::format(", compressed by {}{}", compressor, options.empty() ? "" : " " + options)
+    text += compressed ? fmt::format(", compressed by {}{}{}", compressor, options.empty() ? "" : " ", options)
                        : std::string(", not compressed");
   return text + ")";
 }
 
 CallScope::CallScope(shoal_comm& comm, CallSignature signature)
-    : comm_(comm), saved_(std::move(comm.call)), savedWord_(comm.callWord), savedCurrent_(currentCall) {
-  comm.call = std::move(signature);
-  comm.callWord = comm.call.word();
+    : comm_(comm), saved_(comm.call), savedCurrent_(currentCall) {
+  comm.call = signature;
+  comm.callWordValid = false;
   currentCall = &comm.call;
 }
 
 CallScope::~CallScope() {
-  comm_.call = std::move(saved_);
-  comm_.callWord = savedWord_;
+  comm_.call = saved_;
+  comm_.callWordValid = false;
   currentCall = savedCurrent_;
 }
 
-void refreshCallWord(shoal_comm& comm) { comm.callWord = comm.call.word(); }
+void refreshCallWord(shoal_comm& comm) { comm.callWordValid = false; }
+
+uint32_t currentCallWord(shoal_comm& comm) {
+  if (!comm.callWordValid) {
+    comm.callWord = comm.call.word();
+    comm.callWordValid = true;
+  }
+  return comm.callWord;
+}
 
 // Called by the transport (transport.h) when a message's signature differs.
 std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_t theirs) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "shoal/shoal.h"
 
@@ -28,10 +29,12 @@ struct CallSignature {
   int root = -1;           // broadcast only
   uint64_t count = 0;      // elements (allgather: of every rank together)
   uint64_t layout = 0;     // allgatherv: every rank's count, hashed
-  std::string algorithm;   // the algorithm the call runs (resolved, not "auto")
+  // Views of text that outlives the call: the algorithm tables' names, the
+  // compressor instance's name and options (kept for the communicator's life).
+  std::string_view algorithm;   // the algorithm the call runs (resolved, not "auto")
   bool compressed = false;
-  std::string compressor;  // with its options, when compressed
-  std::string options;
+  std::string_view compressor;  // with its options, when compressed
+  std::string_view options;
 
   // The 19 bits the tags carry: kind (3), dtype (4), op or root mod 8 (3),
   // compressed (1), and an 8-bit digest of count, layout, root, algorithm,
@@ -55,13 +58,14 @@ class CallScope {
  private:
   shoal_comm& comm_;
   CallSignature saved_;
-  uint32_t savedWord_;
   const CallSignature* savedCurrent_;
 };
 
-// Recomputes the tag word after a change to comm.call (the driver adds the
-// compression decision once it is made).
+// Marks comm.call changed (the driver adds the compression decision once it
+// is made): the tag word is recomputed by the call's next collective.
 void refreshCallWord(shoal_comm& comm);
+// The tag word of the running call, computed once per change.
+uint32_t currentCallWord(shoal_comm& comm);
 
 // "f32" style names (shoal_dtype_name / shoal_op_name with a fallback).
 std::string dtypeText(int dtype);

@@ -75,7 +75,7 @@ size_t checkedElements(const char* call, const char* name, const shoal_tensor_t*
 }
 
 CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
-                          const char* algorithm = "") {
+                          std::string_view algorithm = {}) {
   CallSignature signature;
   signature.kind = kind;
   signature.dtype = dtype;
@@ -95,8 +95,14 @@ namespace shoal {
 
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
+  const AllreduceAlgorithm& algorithm =
+      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+  plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
+}
+
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
   const size_t bytes = count * dtypeSize(dtype);
-  const AllreduceAlgorithm& algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
   Reducer reducer(dtype, op);
   if (count == 0) return emptyCall(comm, sequence);
   if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy

@@ -16,7 +16,7 @@ namespace shoal {
 template <typename Body>
 void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
   Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
-                  comm.callWord);
+                  currentCallWord(comm));
   try {
     body(context);
     comm.transport->checkNotAborted();
@@ -39,6 +39,9 @@ inline void emptyCall(shoal_comm& comm, uint64_t sequence) {
 // The uncompressed allreduce of count elements (send may equal recv).
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op);
+// The same with the algorithm already chosen (selectAllreduce).
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op);
 // Every rank's count (one host allgather): fills counts and packed
 // displacements (elements), returns the total.
 size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs);

@@ -333,13 +333,15 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // The compression decision and the algorithm are part of the call's
   // signature (api/agree.h): a rank that compresses where another does not
   // fails with MISMATCH at the first message.
+  const AllreduceAlgorithm* plain =
+      compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {
-      comm.call.compressor = name;
-      comm.call.options = copts;
-    } else if (!route.cuda) {
-      comm.call.algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name;
+      comm.call.compressor = instance->table().name;  // outlive the call, unlike name and copts
+      comm.call.options = instance->options();
+    } else if (plain) {
+      comm.call.algorithm = plain->name;
     }
     refreshCallWord(comm);
   }
@@ -349,7 +351,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
     return;
   }
   if (!compress) {
-    plainAllreduce(comm, sequence, input.data, output.data, count, input.dtype, op);
+    plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op);
     stats.wireBytes = 0;  // not tracked for the plain path
     comm.lastStats = stats;
     return;

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -105,8 +106,8 @@ class UcxTransport final : public Transport {
   void postAbortReceive();
   void checkForPeerTrouble(Request* requests, size_t count);
   void checkSignature(const Request& request, uint64_t senderTag) const;
-  bool takeAbortNotice(Error& notice);
-  bool awaitAbortNotice(Error& notice, double seconds);
+  std::optional<Error> takeAbortNotice();
+  std::optional<Error> awaitAbortNotice(double seconds);
   void probeForOtherCalls(const Request* requests, size_t count);
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
@@ -394,9 +395,9 @@ void UcxTransport::probeForOtherCalls(const Request* requests, size_t count) {
 // Throws when a peer aborted, or when a peer that one of the pending requests
 // needs is gone. A peer that finished its part and exited is no failure: its
 // last messages may already sit in our queues, so drain before judging.
-// True (and the notice as an error) once a peer's abort notice has arrived.
-bool UcxTransport::takeAbortNotice(Error& notice) {
-  if (abortReceive_ == nullptr || ucp_request_check_status(abortReceive_) == UCS_INPROGRESS) return false;
+// A peer's abort notice as an error, once it has arrived.
+std::optional<Error> UcxTransport::takeAbortNotice() {
+  if (abortReceive_ == nullptr || ucp_request_check_status(abortReceive_) == UCS_INPROGRESS) return std::nullopt;
   ucp_tag_recv_info_t info{};
   ucp_tag_recv_request_test(abortReceive_, &info);
   ucp_request_free(abortReceive_);
@@ -408,26 +409,23 @@ bool UcxTransport::takeAbortNotice(Error& notice) {
   char* reason = nullptr;
   long status = std::strtol(abortInbox_, &reason, 10);
   if (reason != nullptr && *reason == ' ') ++reason;
-  notice = status == SHOAL_ERR_MISMATCH
-               ? Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, reason))
-               : Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, reason));
-  return true;
+  if (status == SHOAL_ERR_MISMATCH) return Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, reason));
+  return Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, reason));
 }
 
 // A peer that gives up cancels its messages, and their failure can overtake
 // its abort notice, which says why: wait a moment for it.
-bool UcxTransport::awaitAbortNotice(Error& notice, double seconds) {
+std::optional<Error> UcxTransport::awaitAbortNotice(double seconds) {
   Deadline deadline = deadlineAfter(seconds);
-  while (!takeAbortNotice(notice)) {
-    if (Clock::now() > deadline || abortReceive_ == nullptr) return false;
+  for (;;) {
+    if (std::optional<Error> notice = takeAbortNotice()) return notice;
+    if (Clock::now() > deadline || abortReceive_ == nullptr) return std::nullopt;
     ucp_worker_progress(worker_);
   }
-  return true;
 }
 
 void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
-  Error notice(SHOAL_OK, "");
-  if (takeAbortNotice(notice)) throw notice;
+  if (std::optional<Error> notice = takeAbortNotice()) throw *notice;
   bool checkLiveness = Clock::now() >= nextLivenessCheck_;
   if (checkLiveness) {
     nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
@@ -500,9 +498,9 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
       if (idleRounds > spinRounds_) idle(idleSince);
     }
   } catch (const Error& error) {
-    Error notice(SHOAL_OK, "");
-    if (error.status() == SHOAL_ERR_REMOTE && !peerAborted_ && awaitAbortNotice(notice, 0.2))
-      failWith(requests, count, notice.status(), notice.what(), false);
+    if (error.status() == SHOAL_ERR_REMOTE && !peerAborted_)
+      if (std::optional<Error> notice = awaitAbortNotice(0.2))
+        failWith(requests, count, notice->status(), notice->what(), false);
     failWith(requests, count, error.status(), error.what(), !peerAborted_);
   }
   for (size_t i = 0; i < count; ++i) {
