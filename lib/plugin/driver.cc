@@ -124,7 +124,9 @@ uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, const std::st
   runCollective(comm, sequence, [&](Context& context) {
     allreduceRecursiveDoubling(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
   });
-  if (words[0] != hash || ~words[1] != hash)
+  // A refusal beyond the last status code cannot come from a rank that ran
+  // this round: the words were something else's data.
+  if (words[0] != hash || ~words[1] != hash || words[2] > static_cast<uint64_t>(-SHOAL_ERR_INTERNAL))
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
          "options, dtype and shape for the same call",
