@@ -123,7 +123,8 @@ std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_
   if (differs.empty()) add("the count, root, algorithm or compressor and options");
   return fmt::format("ranks disagree on a call: rank {} got a message from rank {} that differs in {}. This rank's "
                      "call: {}. Every rank must make the same calls in the same order with the same arguments",
-                     rank, peer, differs, currentCall ? currentCall->describe() : std::string("an internal collective"));
+                     rank, peer, differs,
+                     currentCall ? currentCall->describe() : std::string("an internal collective"));
 }
 
 }  // namespace shoal

@@ -150,7 +150,8 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
 // Issue 13.3: a compressor that sent a tensor uncompressed, or more bytes
 // than the tensor holds, says so once per tensor name at info level, and why.
 void noteIneffectiveCompression(shoal_comm& comm, const std::string& compressor,
-                                const std::vector<shoal_compress_tensor_t>& tensors, const plugin::CompressStats& stats) {
+                                const std::vector<shoal_compress_tensor_t>& tensors,
+                                const plugin::CompressStats& stats) {
   if (stats.inputBytes == 0 || stats.payloadBytes < stats.inputBytes) return;
   for (const shoal_compress_tensor_t& tensor : tensors) {
     const std::string name = tensor.name ? tensor.name : "(unnamed)";

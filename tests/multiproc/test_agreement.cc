@@ -131,7 +131,8 @@ void expectMismatchEverywhere(const std::vector<Outcome>& outcomes, const std::s
   ASSERT_FALSE(outcomes.empty());
   for (size_t rank = 0; rank < outcomes.size(); ++rank) {
     const Outcome& outcome = outcomes[rank];
-    if (std::getenv("SHOAL_TEST_VERBOSE")) std::printf("rank %zu (%.2f s): %s\n", rank, outcome.seconds, outcome.text.c_str());
+    if (std::getenv("SHOAL_TEST_VERBOSE"))  // to read every rank's text
+      std::printf("rank %zu (%.2f s): %s\n", rank, outcome.seconds, outcome.text.c_str());
     EXPECT_EQ(outcome.status, SHOAL_ERR_MISMATCH)
         << "rank " << rank << " returned " << outcome.status << " ("
         << shoal_status_string(static_cast<shoal_status_t>(outcome.status)) << "): " << outcome.text;
@@ -280,6 +281,8 @@ TEST_P(Agreement, AgreeingRanksSucceed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Agreement, ::testing::Values(2, 4),
-                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "ranks";
+                         });
 
 }  // namespace

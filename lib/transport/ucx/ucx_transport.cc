@@ -409,7 +409,8 @@ std::optional<Error> UcxTransport::takeAbortNotice() {
   char* reason = nullptr;
   long status = std::strtol(abortInbox_, &reason, 10);
   if (reason != nullptr && *reason == ' ') ++reason;
-  if (status == SHOAL_ERR_MISMATCH) return Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, reason));
+  if (status == SHOAL_ERR_MISMATCH)
+    return Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, reason));
   return Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, reason));
 }
 
