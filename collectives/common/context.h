@@ -12,10 +12,9 @@
 
 namespace shoal {
 
-// Tag layout inside the transport's 40 bits: the call's sequence number
-// (20 bits, wrapping: a call finishes all its messages before the next starts)
-// and a sub-tag (20 bits) that the algorithm hands out per step and segment.
-constexpr int kSubTagBits = 20;
+// Tags (transport.h): the call's signature, its sequence number (wrapping: a
+// call finishes all its messages before the next starts) and a sub-tag that
+// the algorithm hands out per step and segment.
 constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
 
 // Scratch memory that lives as long as the communicator, so large calls do not
@@ -40,16 +39,19 @@ struct Context {
   Transport& transport;
   int rank;
   int size;
-  uint64_t tagBase;     // (sequence << kSubTagBits)
+  uint64_t tagBase;     // signature | (sequence << kSubTagBits)
   Deadline deadline;
   size_t segmentBytes;  // pipelining unit of ring and chain algorithms
   Scratch& scratch;
   uint64_t nextSubTag = 0;
 
-  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s)
+  // `signature` is the call's signature word (api/agree.h); every message of
+  // the call carries it.
+  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s, uint32_t signature = 0)
       : transport(t), rank(t.rank()), size(t.size()),
-        tagBase((sequence % (uint64_t(1) << (kTagBits - kSubTagBits))) << kSubTagBits), deadline(d),
-        segmentBytes(segment), scratch(s) {}
+        tagBase((uint64_t(signature) << kSignatureShift & kSignatureMask) |
+                ((sequence % (uint64_t(1) << kSequenceBits)) << kSubTagBits)),
+        deadline(d), segmentBytes(segment), scratch(s) {}
 
   // Reserves `count` consecutive tags for one phase of an algorithm.
   uint64_t reserveTags(uint64_t count) {

@@ -161,9 +161,11 @@ shoal_status_t shoal_barrier(shoal_comm_t comm);
 typedef struct shoal_allreduce_options {
   size_t struct_size;
   const char *name;              /* names the tensor: keys compressor state (error feedback, warm
-                                    starts); required by stateful compressors. NULL = unnamed */
+                                    starts). NULL = unnamed: a stateful compressor then keys the
+                                    state by output buffer, dtype and shape (docs/reliability-agreement.md) */
   const char *compressor;        /* NULL = SHOAL_COMPRESSOR (default "none"); "none" = uncompressed */
-  const char *compressor_options;/* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS */
+  const char *compressor_options;/* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS if the compressor is
+                                    SHOAL_COMPRESSOR's, else none */
   long long compress_min_bytes;  /* smaller tensors go uncompressed; < 0 = SHOAL_COMPRESS_MIN_BYTES */
 } shoal_allreduce_options_t;
 
@@ -271,7 +273,8 @@ typedef struct shoal_request *shoal_request_t;
 typedef struct shoal_async_options {
   size_t struct_size;
   const char *compressor;         /* NULL = SHOAL_COMPRESSOR; "none" = uncompressed */
-  const char *compressor_options; /* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS */
+  const char *compressor_options; /* "k=v,..."; NULL = SHOAL_COMPRESSOR_OPTS if the compressor is
+                                     SHOAL_COMPRESSOR's, else none */
   long long compress_min_bytes;   /* smaller tensors go uncompressed; < 0 = SHOAL_COMPRESS_MIN_BYTES */
 } shoal_async_options_t;
 
@@ -296,9 +299,10 @@ shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal
 /* *done = 1 once the request completed; then returns its status (its text:
  * shoal_request_error). While pending: *done = 0 and SHOAL_OK. */
 shoal_status_t shoal_test(shoal_request_t request, int *done);
-/* Waits until the request completes or timeout_s passes (<= 0: the
- * communicator's SHOAL_TIMEOUT_S); returns its status, or SHOAL_ERR_TIMEOUT
- * with the request still pending. */
+/* Waits until the request completes or timeout_s passes (<= 0 or INFINITY:
+ * the communicator's SHOAL_TIMEOUT_S, since every wait has a deadline; NaN is
+ * SHOAL_ERR_INVALID_ARGUMENT); returns its status, or SHOAL_ERR_TIMEOUT with
+ * the request still pending. */
 shoal_status_t shoal_wait(shoal_request_t request, double timeout_s);
 /* Waits for all count requests within one deadline; returns SHOAL_OK or the
  * first failing request's status (shoal_last_error(NULL) names it). */

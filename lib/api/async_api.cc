@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "api/checks.h"
 #include "api/comm.h"
 #include "collectives/common/reducer.h"
 #include "core/config.h"
@@ -47,14 +48,8 @@ std::vector<int64_t> checkTensor(const char* call, const char* what, const shoal
     fail(SHOAL_ERR_UNSUPPORTED, "{}: {} is not host memory; the async runtime handles host tensors", call, what);
   if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, what, tensor->ndim, SHOAL_MAX_DIMS);
+  const size_t elements = checkedTensorElements(call, what, *tensor);
   std::vector<int64_t> shape(tensor->shape, tensor->shape + tensor->ndim);
-  size_t elements = 1;
-  for (int d = 0; d < tensor->ndim; ++d) {
-    if (shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is negative", call, what, d);
-    if (shape[d] > 0 && elements > (size_t(1) << 56) / static_cast<size_t>(shape[d]))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}'s element count overflows the addressable size", call, what);
-    elements *= static_cast<size_t>(shape[d]);
-  }
   if (elements > 0 && tensor->data == nullptr)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->data is NULL but it holds {} elements", call, what, elements);
   return shape;
@@ -111,12 +106,11 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
            options->struct_size);
     shoal_async_options_t resolved = SHOAL_ASYNC_OPTIONS_INIT;
     if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
-    r->meta.compressor = resolved.compressor ? resolved.compressor : config::getString("SHOAL_COMPRESSOR");
-    r->meta.options = resolved.compressor_options ? resolved.compressor_options
-                                                  : config::getString("SHOAL_COMPRESSOR_OPTS");
-    r->meta.minBytes = resolved.compress_min_bytes >= 0 ? resolved.compress_min_bytes
-                                                        : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
-    if (r->meta.compressor.empty()) r->meta.compressor = "none";
+    plugin::CompressorChoice choice =
+        plugin::resolveCompressor(resolved.compressor, resolved.compressor_options, resolved.compress_min_bytes);
+    r->meta.compressor = choice.name;
+    r->meta.options = choice.options;
+    r->meta.minBytes = choice.minBytes;
     r->input = *input;
     r->output = *output;
     return r;
@@ -198,7 +192,7 @@ SHOAL_EXPORT shoal_status_t shoal_wait_all(shoal_request_t* requests, int count,
       fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_wait_all: requests is NULL or count {} is negative", count);
     for (int i = 0; i < count; ++i) checkRequest(requests[i], "shoal_wait_all");
     if (count == 0) return;
-    const Deadline deadline = deadlineAfter(timeout_s > 0 ? timeout_s : requests[0]->timeoutS);
+    const Deadline deadline = deadlineAfter(checkedTimeout("shoal_wait", "timeout_s", timeout_s, requests[0]->timeoutS));
     for (int i = 0; i < count; ++i)
       if (!requests[i]->request->waitUntil(deadline))
         fail(SHOAL_ERR_TIMEOUT,

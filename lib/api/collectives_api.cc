@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "api/agree.h"
+#include "api/checks.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
 #include "api/run.h"
@@ -32,13 +34,9 @@ void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
          shoal_op_name(op), shoal_dtype_name(dtype));
 }
 
-// count x elementSize x factor bytes, refusing sizes that overflow size_t.
+// count x elementSize x factor bytes within the largest buffer (api/checks.h).
 size_t checkedBytes(const char* call, const char* what, size_t count, shoal_dtype_t dtype, size_t factor = 1) {
-  size_t element = dtypeSize(dtype);
-  if (count != 0 && (std::numeric_limits<size_t>::max() / element / factor < count))
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} = {} elements of {} overflows the addressable size; pass a smaller count",
-         call, what, count, shoal_dtype_name(dtype));
-  return count * element * factor;
+  return checkedByteCount(call, what, count, dtype, factor);
 }
 
 void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
@@ -70,16 +68,22 @@ void refuseTakingNumber(shoal_comm& c, Checks&& checks) {
   }
 }
 
-// Elements of a tensor after checking its rank and shape.
+// Elements of a tensor after checking its rank and shape (api/checks.h).
 size_t checkedElements(const char* call, const char* name, const shoal_tensor_t* tensor) {
   if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, name);
-  if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, name, tensor->ndim, SHOAL_MAX_DIMS);
-  for (int d = 0; d < tensor->ndim; ++d)
-    if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is negative", call, name, d);
-  size_t elements = plugin::elementsCount(*tensor);
-  checkedBytes(call, name, elements, tensor->dtype);
-  return elements;
+  return checkedTensorElements(call, name, *tensor);
+}
+
+CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
+                          std::string_view algorithm = {}) {
+  CallSignature signature;
+  signature.kind = kind;
+  signature.dtype = dtype;
+  signature.op = op;
+  signature.count = count;
+  signature.root = root;
+  signature.algorithm = algorithm;
+  return signature;
 }
 
 }  // namespace
@@ -91,8 +95,14 @@ namespace shoal {
 
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
+  const AllreduceAlgorithm& algorithm =
+      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+  plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
+}
+
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
   const size_t bytes = count * dtypeSize(dtype);
-  const AllreduceAlgorithm& algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
   Reducer reducer(dtype, op);
   if (count == 0) return emptyCall(comm, sequence);
   if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
@@ -149,6 +159,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
       checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
       shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
       shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
+      CallScope scope(c, signatureOf(CallKind::Allreduce, dtype, op, count));
       allreduceTensor(c, sequence, input, output, op, nullptr);
     });
   });
@@ -176,25 +187,17 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
         if (output->dtype != input->dtype)
           fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
                shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-        size_t count = 1;
-        for (const shoal_tensor_t* tensor : {input, output}) {
-          if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
-            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ndim {} is outside 0..{}", call, tensor->ndim, SHOAL_MAX_DIMS);
-          size_t elements = 1;
-          for (int d = 0; d < tensor->ndim; ++d) {
-            if (tensor->shape[d] < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: shape[{}] is negative", call, d);
-            elements = static_cast<size_t>(tensor->shape[d]) * elements;  // overflow checked below via bytes
-          }
-          count = elements;
-        }
-        if (plugin::elementsCount(*input) != plugin::elementsCount(*output))
+        const size_t count = checkedTensorElements(call, "input", *input);
+        const size_t outputCount = checkedTensorElements(call, "output", *output);
+        if (count != outputCount)
           fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
-               call, plugin::elementsCount(*input), plugin::elementsCount(*output));
+               call, count, outputCount);
         size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
         checkBuffer(call, "input->data", input->data, bytes);
         checkBuffer(call, "output->data", output->data, bytes);
         checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
       });
+      CallScope scope(c, signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
       allreduceTensor(c, sequence, *input, *output, op, &resolved);
     });
   });
@@ -231,6 +234,13 @@ void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t
   }()) * element;
   checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
   if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
+  // Every rank's count, as every rank sees it, in one digest. (Displacements
+  // place blocks in this rank's buffer only: they may differ between ranks.)
+  uint64_t layout = 1469598103934665603ull;
+  for (int r = 0; r < c.size; ++r) layout = (layout ^ recvcounts[r]) * 1099511628211ull;
+  CallSignature signature = signatureOf(CallKind::Allgather, dtype, -1, totalBytes / element, -1, "ring");
+  signature.layout = layout;
+  CallScope scope(c, std::move(signature));
   if (totalBytes == 0) return emptyCall(c, sequence);
   // Every rank forwards every block: one tag per segment and step.
   Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
@@ -282,9 +292,15 @@ void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* r
     checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
   }
-  if (bytes == 0) return emptyCall(c, sequence);
   bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
+  CallScope scope(c, signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
+  if (bytes == 0) return emptyCall(c, sequence);
   runCollective(c, sequence, [&](Context& context) {
+    // Broadcast data flows one way: the root hears from no one. Empty
+    // messages along a dissemination pattern first carry every rank's
+    // signature (root included) to every rank, so a rank that names another
+    // root or dtype fails the call everywhere before any data is written.
+    barrierDissemination(context);
     tree ? broadcastTree(context, recvbuf, bytes, root) : broadcastChain(context, recvbuf, bytes, root);
   });
 }
@@ -385,6 +401,7 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
       checkBuffer(call, "recvbuf", recvbuf, bytes);
       const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
       checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+      CallScope scope(c, signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
       if (recvcount == 0) return emptyCall(c, sequence);
       Reducer reducer(dtype, op);
       // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
@@ -406,6 +423,7 @@ SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_barrier");
     runtime::blockingCall(c, "shoal_barrier", [&] {
+      CallScope scope(c, signatureOf(CallKind::Barrier, -1, -1, 0));
       runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
     });
   });

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "api/agree.h"
 #include "bootstrap/store.h"
 #include "collectives/common/context.h"
 #include "plugin/driver.h"
@@ -24,6 +25,9 @@ struct shoal_comm {
   size_t segmentBytes = 0;
   size_t treeMaxBytes = 0;
   uint64_t sequence = 0;   // collective calls so far: feeds the message tags
+  shoal::CallSignature call;  // of the call running now (api/agree.h): its messages carry callWord
+  uint32_t callWord = 0;      // api/agree.cc: currentCallWord()
+  bool callWordValid = false;
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)

@@ -124,6 +124,12 @@ std::string describeCall(const char* kind, shoal_dtype_t dtype, size_t count, in
 }  // namespace
 
 void agreeOnCudaCall(shoal_comm& comm, uint64_t sequence, const std::string& description, const MemoryRoute& route) {
+  // This round compares the calls itself and must meet every rank's, the
+  // refusing ones' too (whose arguments may be anything): one fixed signature.
+  CallSignature round;
+  round.kind = CallKind::Other;
+  round.algorithm = "cuda-route-agreement";
+  CallScope scope(comm, round);
   uint64_t hash = std::hash<std::string>{}(description);
   uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(route.refusal))};
   try {

@@ -7,19 +7,21 @@
 
 namespace shoal {
 
-// Runs one collective with its call's sequence number (taken at entry, even
-// when the arguments are then refused, so that a rank that skips a call can
+// Runs one collective with its call's sequence number and signature
+// (comm.call, api/agree.h). The number is taken at entry, even when the
+// arguments are then refused, so that a rank that skips a call can
 // never pair its next call with its peers' current one: they see a timeout
-// or mismatch instead of a silently wrong result). Any failure aborts the
+// or mismatch instead of a silently wrong result. Any failure aborts the
 // communicator (peers are told) and is rethrown.
 template <typename Body>
 void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
-  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
+                  currentCallWord(comm));
   try {
     body(context);
     comm.transport->checkNotAborted();
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
     throw;
   }
 }
@@ -37,6 +39,9 @@ inline void emptyCall(shoal_comm& comm, uint64_t sequence) {
 // The uncompressed allreduce of count elements (send may equal recv).
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op);
+// The same with the algorithm already chosen (selectAllreduce).
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op);
 // Every rank's count (one host allgather): fills counts and packed
 // displacements (elements), returns the total.
 size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs);

@@ -30,7 +30,11 @@ template <typename... Args>
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// Clamped to 0 .. 1e9 s (31 years): the clock's range ends near 292 years,
+// and a later deadline would wrap into the past.
 inline Deadline deadlineAfter(double seconds) {
+  if (!(seconds < 1e9)) seconds = 1e9;
+  if (!(seconds > 0)) seconds = 0;
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 

@@ -27,6 +27,21 @@ uint64_t fingerprint(const std::string& text) {
 
 }  // namespace
 
+CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes) {
+  CompressorChoice choice;
+  // Only a compressor the environment names owns the environment's options.
+  const std::string environment = config::getRaw("SHOAL_COMPRESSOR").value_or("");
+  choice.name = callCompressor ? callCompressor : environment;
+  if (choice.name.empty()) choice.name = config::getString("SHOAL_COMPRESSOR");
+  if (choice.name.empty()) choice.name = "none";
+  if (callOptions)
+    choice.options = callOptions;
+  else if (!environment.empty() && choice.name == environment)
+    choice.options = config::getString("SHOAL_COMPRESSOR_OPTS");
+  choice.minBytes = callMinBytes >= 0 ? callMinBytes : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  return choice;
+}
+
 size_t elementsCount(const shoal_tensor_t& tensor) {
   size_t count = 1;
   for (int d = 0; d < tensor.ndim; ++d) count *= static_cast<size_t>(tensor.shape[d]);
@@ -82,6 +97,14 @@ CompressorInstance& CompressorCache::get(const std::string& name, const std::str
   return result;
 }
 
+std::string CompressorCache::unnamedKey(const shoal_tensor_t& output) {
+  std::string shape = fmt::format("unnamed/{}/", shoal_dtype_name(output.dtype));
+  for (int d = 0; d < output.ndim; ++d) shape += fmt::format("{}{}", d ? "x" : "", output.shape[d]);
+  std::map<const void*, int>& buffers = unnamedBuffers_[shape];
+  auto found = buffers.try_emplace(output.data, static_cast<int>(buffers.size())).first;
+  return fmt::format("{}#{}", shape, found->second);
+}
+
 }  // namespace shoal::plugin
 
 namespace shoal {
@@ -101,7 +124,9 @@ uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, const std::st
   runCollective(comm, sequence, [&](Context& context) {
     allreduceRecursiveDoubling(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
   });
-  if (words[0] != hash || ~words[1] != hash)
+  // A refusal beyond the last status code cannot come from a rank that ran
+  // this round: the words were something else's data.
+  if (words[0] != hash || ~words[1] != hash || words[2] > static_cast<uint64_t>(-SHOAL_ERR_INTERNAL))
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
          "options, dtype and shape for the same call",
@@ -120,6 +145,26 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
   if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE && !isValidDtypeOp(payload.dtype, payload.op))
     refuse(fmt::format("op {} on dtype {}", shoal_op_name(payload.op), shoal_dtype_name(payload.dtype)));
   if (payload.buffer == nullptr && payload.count > 0) refuse("NULL buffer");
+}
+
+// Issue 13.3: a compressor that sent a tensor uncompressed, or more bytes
+// than the tensor holds, says so once per tensor name at info level, and why.
+void noteIneffectiveCompression(shoal_comm& comm, const std::string& compressor,
+                                const std::vector<shoal_compress_tensor_t>& tensors,
+                                const plugin::CompressStats& stats) {
+  if (stats.inputBytes == 0 || stats.payloadBytes < stats.inputBytes) return;
+  for (const shoal_compress_tensor_t& tensor : tensors) {
+    const std::string name = tensor.name ? tensor.name : "(unnamed)";
+    if (!comm.compressors.firstTime(compressor + "|" + name)) continue;
+    std::string why = "its encoding of this tensor is no smaller than the data";
+    if (compressor == "powersgd" && tensor.input.ndim < 2)
+      why = "powersgd compresses matrices: a 1-D tensor travels densely (give the tensor a 2-D shape)";
+    else if (compressor == "sketch")
+      why = "the tensor is too dense for a sketch (its index and cells outweigh the dense values)";
+    SHOAL_LOG_INFO("compressor {} sent tensor '{}' ({} bytes) as {} payload bytes ({}): {}", compressor, name,
+                   stats.inputBytes, stats.payloadBytes,
+                   stats.payloadBytes == stats.inputBytes ? "uncompressed" : "larger than the input", why);
+  }
 }
 
 struct GatherSpace {
@@ -264,11 +309,12 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   plugin::CompressStats stats;
   stats.inputBytes = bytes;
 
-  std::string name = options && options->compressor ? options->compressor : config::getString("SHOAL_COMPRESSOR");
-  std::string copts = options && options->compressor_options ? options->compressor_options
-                                                             : config::getString("SHOAL_COMPRESSOR_OPTS");
-  long long minBytes = options && options->compress_min_bytes >= 0 ? options->compress_min_bytes
-                                                                   : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  const plugin::CompressorChoice choice =
+      plugin::resolveCompressor(options ? options->compressor : nullptr, options ? options->compressor_options : nullptr,
+                                options ? options->compress_min_bytes : -1);
+  const std::string& name = choice.name;
+  const std::string& copts = choice.options;
+  const long long minBytes = choice.minBytes;
   // Resolve the compressor first, whatever the tensor: an unknown name or bad
   // options fail every call on every rank, not only the ones that compress.
   // ("none" without options needs no instance: it is the plain path.)
@@ -287,23 +333,44 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                              "\"none\" (plain NCCL allreduce), or host tensors",
                              call, name));
   checkCudaReady(comm, call, route);
+  // The compression decision and the algorithm are part of the call's
+  // signature (api/agree.h): a rank that compresses where another does not
+  // fails with MISMATCH at the first message.
+  const AllreduceAlgorithm* plain =
+      compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
+  if (comm.call.kind == CallKind::Allreduce) {
+    comm.call.compressed = compress;
+    if (compress) {
+      comm.call.compressor = instance->table().name;  // outlive the call, unlike name and copts
+      comm.call.options = instance->options();
+    } else if (plain) {
+      comm.call.algorithm = plain->name;
+    }
+    refreshCallWord(comm);
+  }
   if (!compress && route.cuda) {
     cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
     comm.lastStats = stats;
     return;
   }
   if (!compress) {
-    plainAllreduce(comm, sequence, input.data, output.data, count, input.dtype, op);
+    plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op);
     stats.wireBytes = 0;  // not tracked for the plain path
     comm.lastStats = stats;
     return;
   }
 
-  // Whether an unnamed tensor is acceptable depends on the options (topk with
-  // ef=0 keeps no state), so the compressor decides in start(): unnamed
-  // tensors get a state slot that lives for this call only.
+  // Unnamed tensors of a stateful compressor get a deterministic key from
+  // their output buffer, dtype and shape (CompressorCache::unnamedKey), so
+  // error feedback and warm starts carry over between steps; a stateless
+  // compressor's unnamed tensors get a state slot for this call only.
+  std::string unnamed;
   const char* tensorName = options && options->name && options->name[0] ? options->name : nullptr;
-  void* scratchState = nullptr;  // unnamed tensors get a state slot that lives for this call only
+  if (tensorName == nullptr && (instance->table().caps & SHOAL_CAP_STATEFUL)) {
+    unnamed = comm.compressors.unnamedKey(output);
+    tensorName = unnamed.c_str();
+  }
+  void* scratchState = nullptr;
   std::vector<shoal_compress_tensor_t> tensors(1);
   tensors[0].input = input;
   tensors[0].output = output;
@@ -317,6 +384,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   stats.compressor = name;
   try {
     runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
+    noteIneffectiveCompression(comm, name, tensors, stats);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)
       instance->table().destroy_tensor_state(instance->handle(), scratchState);
@@ -342,6 +410,7 @@ void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::st
   }
   const MemoryRoute hostRoute;  // the async runtime submits host tensors only
   runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
+  noteIneffectiveCompression(comm, compressor, tensors, stats);
   comm.lastStats = stats;
 }
 

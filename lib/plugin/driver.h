@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,10 +46,20 @@ class CompressorCache {
   CompressorInstance& get(const std::string& name, const std::string& options);
   CompressorInstance* find(const std::string& name, const std::string& options);
   uint64_t nextStep() { return steps_++; }
+  // The key of an unnamed tensor (issue 13.2): "unnamed/<dtype>/<shape>#k",
+  // where k numbers the distinct output buffers of that dtype and shape in
+  // the order this communicator first saw them. Calls are collective and
+  // ordered, so every rank derives the same key for the same buffer, step
+  // after step: error feedback and warm starts work on persistent buffers.
+  std::string unnamedKey(const shoal_tensor_t& output);
+  // True the first time a key is given (for once-per-tensor log lines).
+  bool firstTime(const std::string& key) { return noticed_.insert(key).second; }
 
  private:
   std::map<std::string, std::unique_ptr<CompressorInstance>> instances_;
   uint64_t steps_ = 0;
+  std::map<std::string, std::map<const void*, int>> unnamedBuffers_;  // dtype/shape -> buffer -> k
+  std::set<std::string> noticed_;
 };
 
 // Elements of a tensor: the product of its shape (1 for a scalar).
@@ -73,6 +84,21 @@ struct RoundEvent {
 };
 using RoundObserver = std::function<void(const RoundEvent&)>;
 
+}  // namespace shoal::plugin
+
+namespace shoal::plugin {
+// The compressor a call runs, its options and minimum size, resolved in one
+// place for the blocking and the async calls: the call's own name, else
+// SHOAL_COMPRESSOR, else "none". SHOAL_COMPRESSOR_OPTS belongs to the
+// environment's compressor only: a call that names another compressor (say
+// "none" or "fp16" while topk's options are exported) runs it with its own
+// options or none. A call's minimum < 0 means SHOAL_COMPRESS_MIN_BYTES.
+struct CompressorChoice {
+  std::string name;
+  std::string options;
+  long long minBytes = 0;
+};
+CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes);
 }  // namespace shoal::plugin
 
 namespace shoal {

@@ -1,10 +1,15 @@
 // Transport: tagged point-to-point messages between the ranks of one
 // communicator. Collectives are written only against this interface.
 //
-// Vocabulary: a *tag* is 40 bits chosen by the collective (its call sequence
-// number and step), so messages of different calls or steps never match each
-// other. A receive must be posted with the exact byte count the sender sends;
-// a different size is a mismatch between ranks and fails the call.
+// Vocabulary: a *tag* is chosen by the collective (its call sequence number
+// and step), so messages of different calls or steps never match each other.
+// It also carries the *call signature* of the sender's call (api/agree.h): a
+// receive matches a message whatever its signature, then compares the
+// sender's signature with its own, so ranks that make different calls (a
+// dtype, op, root or compression decision that differs) fail with
+// SHOAL_ERR_MISMATCH instead of combining unrelated data. A receive must be
+// posted with the exact byte count the sender sends; a different size is a
+// mismatch between ranks and fails the call.
 //
 // Failure model: any error (peer death, timeout, size mismatch) makes the
 // communicator unusable. The rank that sees it first tells every peer
@@ -22,8 +27,29 @@
 
 namespace shoal {
 
-constexpr int kTagBits = 40;
+// The 64-bit wire tag, from the top:
+//   bit  63      an abort notice (see abort())
+//   bits 47..62  the sender's rank (16 bits: at most 65536 ranks)
+//   bits 28..46  the call signature (19 bits)
+//   bits 16..27  the call's sequence number, wrapping (a call finishes all its
+//                messages before the next starts)
+//   bits  0..15  the sub-tag the algorithm hands out per step and segment
+// A tag passed to isend/irecv holds the low 47 bits (signature and below).
+constexpr int kSubTagBits = 16;
+constexpr int kSequenceBits = 12;
+constexpr int kTagBits = kSubTagBits + kSequenceBits;  // the collective's own part
+constexpr int kSignatureBits = 19;
+constexpr int kSignatureShift = kTagBits;
+constexpr int kRankShift = kSignatureShift + kSignatureBits;
+constexpr int kMaxRanks = 1 << 16;
 constexpr uint64_t kMaxTag = (uint64_t(1) << kTagBits) - 1;
+constexpr uint64_t kSignatureMask = ((uint64_t(1) << kSignatureBits) - 1) << kSignatureShift;
+constexpr uint64_t kSequenceMask = ((uint64_t(1) << kSequenceBits) - 1) << kSubTagBits;
+
+// The text of a signature disagreement found on a receive: this rank's call
+// signature word `mine`, the word rank `peer` sent. Defined by the layer that
+// builds signatures (lib/api/agree.cc), which knows what the bits mean.
+std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_t theirs);
 
 class Transport {
  public:
@@ -35,6 +61,7 @@ class Transport {
     bool isReceive = false;
     bool done = false;
     size_t receivedBytes = 0;  // backends fill this in for receives that complete immediately
+    uint64_t tag = 0;          // as passed to isend/irecv (a receive's expected signature)
   };
 
   virtual ~Transport() = default;
@@ -51,8 +78,10 @@ class Transport {
   // completes: its data may have been waiting for a late rank while the peers
   // gave up on the call, and then the late rank must fail too.
   virtual void checkNotAborted() = 0;
-  // Tells every peer that this rank gave up on the communicator, with the reason.
-  virtual void abort(const std::string& reason) = 0;
+  // Tells every peer that this rank gave up on the communicator, with the
+  // reason. A status of SHOAL_ERR_MISMATCH reaches the peers as MISMATCH (the
+  // ranks disagree on a call); any other as SHOAL_ERR_REMOTE.
+  virtual void abort(const std::string& reason, shoal_status_t status = SHOAL_ERR_REMOTE) = 0;
   // True once an error or abort (local or remote) made the transport unusable.
   virtual bool failed() const = 0;
   // Bytes handed to isend so far (what this rank put on the wire).

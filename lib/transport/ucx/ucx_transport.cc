@@ -1,9 +1,14 @@
 // UCX transport: the UCP tag API over whatever UCX finds (shared memory, TCP,
 // RDMA), host memory only.
 //
-// Tag layout (64 bits): bit 63 marks an abort notice; bits 40..62 hold the
-// sender's rank; bits 0..39 the collective's tag. UCP matches receives by tag
-// alone, so the sender's rank in the tag is what makes a receive "from peer".
+// Tag layout (64 bits, transport.h): bit 63 marks an abort notice; bits
+// 47..62 hold the sender's rank; bits 28..46 the sender's call signature;
+// bits 0..27 the collective's tag. UCP matches receives by tag alone, so the
+// sender's rank in the tag is what makes a receive "from peer". Receives mask
+// the signature out and compare it on completion; while a wait is idle, a
+// probe of the unexpected queue finds messages of the same call number whose
+// signature differs (ranks whose calls differ so much that their messages
+// never match), so disagreeing ranks fail with MISMATCH, not at the deadline.
 //
 // Dead peers: endpoints to other hosts use UCP_ERR_HANDLING_MODE_PEER, so UCX
 // calls onEndpointError when a peer vanishes. UCX 1.13 offers no shared-memory
@@ -22,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -33,8 +39,8 @@ namespace shoal {
 namespace {
 
 constexpr uint64_t kAbortBit = uint64_t(1) << 63;
-constexpr int kRankShift = kTagBits;
 constexpr uint64_t kFullMask = ~uint64_t(0);
+constexpr uint64_t kReceiveMask = kFullMask & ~kSignatureMask;  // any signature: compared on completion
 constexpr size_t kAbortMessageBytes = 512;
 
 void checkUcs(ucs_status_t status, const char* what) {
@@ -81,7 +87,7 @@ class UcxTransport final : public Transport {
   Request isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   Request irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
   void waitAll(Request* requests, size_t count, Deadline deadline) override;
-  void abort(const std::string& reason) override;
+  void abort(const std::string& reason, shoal_status_t status = SHOAL_ERR_REMOTE) override;
   void checkNotAborted() override;
   bool failed() const override { return !failure_.empty(); }
   uint64_t bytesSent() const override { return bytesSent_; }
@@ -100,6 +106,10 @@ class UcxTransport final : public Transport {
   bool poll(Request& request);
   void postAbortReceive();
   void checkForPeerTrouble(Request* requests, size_t count);
+  void checkSignature(const Request& request, uint64_t senderTag) const;
+  std::optional<Error> takeAbortNotice();
+  std::optional<Error> awaitAbortNotice(double seconds);
+  void probeForOtherCalls(const Request* requests, size_t count);
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
@@ -128,6 +138,7 @@ class UcxTransport final : public Transport {
   Clock::time_point nextLivenessCheck_{};
   std::string failure_;
   shoal_status_t failureStatus_ = SHOAL_OK;
+  bool peerAborted_ = false;  // the failure came from a peer's abort notice: no need to tell the peers
 
   // Abort notices: one receive always posted for any sender's notice.
   char abortInbox_[kAbortMessageBytes] = {};
@@ -136,6 +147,9 @@ class UcxTransport final : public Transport {
 };
 
 UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank), size_(options.worldSize) {
+  if (size_ > kMaxRanks)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "world size {} exceeds the {} ranks the UCX transport's tags can name", size_,
+         kMaxRanks);
   // Which peers share this host (same host, boot, pid and network namespace)
   // decides the error mode per endpoint and the protocol thresholds below.
   Deadline deadline = deadlineAfter(options.timeoutS);
@@ -272,6 +286,7 @@ Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data,
   Request result;
   result.peer = peer;
   result.bytes = bytes;
+  result.tag = tag;
   if (UCS_PTR_IS_ERR(request)) {
     result.done = true;
     failWith(nullptr, 0, SHOAL_ERR_REMOTE,
@@ -291,10 +306,11 @@ Transport::Request UcxTransport::irecv(int peer, uint64_t tag, void* data, size_
   // received length uniformly (recv_info is not filled reliably on UCX 1.13).
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  void* request = ucp_tag_recv_nbx(worker_, data, bytes, wireTag(peer, tag), kFullMask, &param);
+  void* request = ucp_tag_recv_nbx(worker_, data, bytes, wireTag(peer, tag), kReceiveMask, &param);
   Request result;
   result.peer = peer;
   result.bytes = bytes;
+  result.tag = tag;
   result.isReceive = true;
   if (UCS_PTR_IS_ERR(request)) {
     failWith(nullptr, 0, SHOAL_ERR_MISMATCH,
@@ -312,11 +328,13 @@ Transport::Request UcxTransport::irecv(int peer, uint64_t tag, void* data, size_
 bool UcxTransport::poll(Request& request) {
   if (request.done) return true;
   ucs_status_t status;
+  uint64_t senderTag = 0;
   if (request.isReceive) {
     ucp_tag_recv_info_t info{};
     status = ucp_tag_recv_request_test(request.handle, &info);
     if (status == UCS_INPROGRESS) return false;
     request.receivedBytes = info.length;
+    senderTag = info.sender_tag;
   } else {
     status = ucp_request_check_status(request.handle);
     if (status == UCS_INPROGRESS) return false;
@@ -325,6 +343,9 @@ bool UcxTransport::poll(Request& request) {
   live_.erase(request.handle);
   request.handle = nullptr;
   request.done = true;
+  // A message of another call (its signature differs) explains a wrong size too: check it first.
+  if (request.isReceive && (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED))
+    checkSignature(request, senderTag);
   if (status == UCS_ERR_MESSAGE_TRUNCATED)
     throw Error(SHOAL_ERR_MISMATCH,
                 fmt::format("rank {} expected {} bytes from rank {} but it sent more: do all ranks pass the same "
@@ -337,21 +358,81 @@ bool UcxTransport::poll(Request& request) {
   return true;
 }
 
+// Throws MISMATCH when the sender of a completed receive made another call.
+// (A truncated receive may carry no sender tag: then its size speaks.)
+void UcxTransport::checkSignature(const Request& request, uint64_t senderTag) const {
+  if (senderTag == 0) return;
+  uint64_t theirs = senderTag & kSignatureMask, mine = request.tag & kSignatureMask;
+  if (theirs == mine) return;
+  throw Error(SHOAL_ERR_MISMATCH,
+              describeSignatureMismatch(rank_, request.peer, static_cast<uint32_t>(mine >> kSignatureShift),
+                                        static_cast<uint32_t>(theirs >> kSignatureShift)));
+}
+
+// Ranks whose calls differ may exchange messages that never match (another
+// algorithm, another number of rounds): they wait in UCX's unexpected queue.
+// One probe per signature bit finds any message of a pending request's call
+// number whose signature differs from ours in that bit, from any sender.
+void UcxTransport::probeForOtherCalls(const Request* requests, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if (requests[i].done) continue;
+    const uint64_t sequence = requests[i].tag & kSequenceMask, mine = requests[i].tag & kSignatureMask;
+    for (int bit = 0; bit < kSignatureBits; ++bit) {
+      const uint64_t bitMask = uint64_t(1) << (kSignatureShift + bit);
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h message =
+          ucp_tag_probe_nb(worker_, sequence | (~mine & bitMask), kAbortBit | kSequenceMask | bitMask, 0, &info);
+      if (message == nullptr) continue;
+      int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
+      throw Error(SHOAL_ERR_MISMATCH,
+                  describeSignatureMismatch(rank_, sender, static_cast<uint32_t>(mine >> kSignatureShift),
+                                            static_cast<uint32_t>((info.sender_tag & kSignatureMask) >>
+                                                                  kSignatureShift)));
+    }
+    return;  // every pending request of one wait belongs to the same call
+  }
+}
+
 // Throws when a peer aborted, or when a peer that one of the pending requests
 // needs is gone. A peer that finished its part and exited is no failure: its
 // last messages may already sit in our queues, so drain before judging.
-void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
-  if (abortReceive_ != nullptr && ucp_request_check_status(abortReceive_) != UCS_INPROGRESS) {
-    ucp_tag_recv_info_t info{};
-    ucp_tag_recv_request_test(abortReceive_, &info);
-    ucp_request_free(abortReceive_);
-    abortReceive_ = nullptr;
-    int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
-    abortInbox_[std::min(info.length, kAbortMessageBytes - 1)] = '\0';
-    throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, abortInbox_));
+// A peer's abort notice as an error, once it has arrived.
+std::optional<Error> UcxTransport::takeAbortNotice() {
+  if (abortReceive_ == nullptr || ucp_request_check_status(abortReceive_) == UCS_INPROGRESS) return std::nullopt;
+  ucp_tag_recv_info_t info{};
+  ucp_tag_recv_request_test(abortReceive_, &info);
+  ucp_request_free(abortReceive_);
+  abortReceive_ = nullptr;
+  int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
+  abortInbox_[std::min(info.length, kAbortMessageBytes - 1)] = '\0';
+  peerAborted_ = true;
+  // The notice is "<status> <reason>" (see abort()).
+  char* reason = nullptr;
+  long status = std::strtol(abortInbox_, &reason, 10);
+  if (reason != nullptr && *reason == ' ') ++reason;
+  if (status == SHOAL_ERR_MISMATCH)
+    return Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, reason));
+  return Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, reason));
+}
+
+// A peer that gives up cancels its messages, and their failure can overtake
+// its abort notice, which says why: wait a moment for it.
+std::optional<Error> UcxTransport::awaitAbortNotice(double seconds) {
+  Deadline deadline = deadlineAfter(seconds);
+  for (;;) {
+    if (std::optional<Error> notice = takeAbortNotice()) return notice;
+    if (Clock::now() > deadline || abortReceive_ == nullptr) return std::nullopt;
+    ucp_worker_progress(worker_);
   }
+}
+
+void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
+  if (std::optional<Error> notice = takeAbortNotice()) throw *notice;
   bool checkLiveness = Clock::now() >= nextLivenessCheck_;
-  if (checkLiveness) nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
+  if (checkLiveness) {
+    nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
+    probeForOtherCalls(requests, count);
+  }
   for (size_t i = 0; i < count; ++i) {
     if (requests[i].done) continue;
     int peer = requests[i].peer;
@@ -419,8 +500,10 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
       if (idleRounds > spinRounds_) idle(idleSince);
     }
   } catch (const Error& error) {
-    failWith(requests, count, error.status(), error.what(), error.status() != SHOAL_ERR_REMOTE ||
-                                                                std::strstr(error.what(), "aborted") == nullptr);
+    if (error.status() == SHOAL_ERR_REMOTE && !peerAborted_)
+      if (std::optional<Error> notice = awaitAbortNotice(0.2))
+        failWith(requests, count, notice->status(), notice->what(), false);
+    failWith(requests, count, error.status(), error.what(), !peerAborted_);
   }
   for (size_t i = 0; i < count; ++i) {
     Request& request = requests[i];
@@ -464,17 +547,19 @@ void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t stat
   if (!failed()) {
     failure_ = text;
     failureStatus_ = status;
-    if (notifyPeers) abort(text);
+    if (notifyPeers) abort(text, status);
   }
   throw Error(status, text);
 }
 
-void UcxTransport::abort(const std::string& reason) {
+void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
   if (failure_.empty()) {
     failure_ = "the communicator was aborted: " + reason;
     failureStatus_ = SHOAL_ERR_REMOTE;
   }
-  abortOutbox_ = reason.substr(0, kAbortMessageBytes - 1);
+  // The peers learn the status (MISMATCH or REMOTE) and the reason.
+  abortOutbox_ = fmt::format("{} {}", static_cast<int>(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE),
+                             reason).substr(0, kAbortMessageBytes - 1);
   std::vector<void*> sends;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_ || peerStatus_[peer] != UCS_OK) continue;

@@ -1,0 +1,130 @@
+#include "api/agree.h"
+
+#include <fmt/format.h>
+
+#include "api/comm.h"
+#include "transport/transport.h"
+
+namespace shoal {
+namespace {
+
+// The signature of the call this thread is running (for error text: the
+// transport sees only the 19 tag bits).
+thread_local const CallSignature* currentCall = nullptr;
+
+constexpr int kKindBits = 3, kDtypeBits = 4, kOpBits = 3, kDigestBits = 8;
+constexpr int kDtypeShift = kKindBits, kOpShift = kDtypeShift + kDtypeBits, kCompressedShift = kOpShift + kOpBits,
+              kDigestShift = kCompressedShift + 1;
+static_assert(kDigestShift + kDigestBits == kSignatureBits, "the signature fills the tag's signature field");
+
+uint32_t field(uint32_t word, int shift, int bits) { return (word >> shift) & ((1u << bits) - 1); }
+
+// Stable across standard libraries and runs: FNV-1a over text, a
+// multiply-xorshift step over integers.
+uint64_t mix(uint64_t hash, std::string_view text) {
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return (hash ^ 0xff) * 1099511628211ull;  // a separator: "ab","c" differs from "a","bc"
+}
+uint64_t mix(uint64_t hash, uint64_t value) {
+  hash = (hash ^ value) * 0x9e3779b97f4a7c15ull;
+  return hash ^ (hash >> 29);
+}
+
+const char* kindText(uint32_t kind) {
+  static const char* const names[] = {"an internal collective", "allreduce",     "allgather", "broadcast",
+                                      "reduce_scatter",         "barrier",       "another call", "?"};
+  return names[kind & 7];
+}
+
+}  // namespace
+
+std::string dtypeText(int dtype) {
+  const char* name = dtype >= 0 ? shoal_dtype_name(static_cast<shoal_dtype_t>(dtype)) : nullptr;
+  return name ? name : fmt::format("dtype {}", dtype);
+}
+
+std::string opText(int op) {
+  const char* name = op >= 0 ? shoal_op_name(static_cast<shoal_op_t>(op)) : nullptr;
+  return name ? name : fmt::format("op {}", op);
+}
+
+uint32_t CallSignature::word() const {
+  uint64_t digest = 1469598103934665603ull;
+  digest = mix(digest, count);
+  digest = mix(digest, layout);
+  digest = mix(digest, static_cast<uint64_t>(root));
+  digest = mix(digest, algorithm);
+  if (compressed) digest = mix(mix(digest, compressor), options);
+  digest ^= digest >> 32;
+  digest ^= digest >> 16;
+  digest ^= digest >> 8;
+  uint32_t opOrRoot = kind == CallKind::Broadcast ? static_cast<uint32_t>(root) : static_cast<uint32_t>(op);
+  return static_cast<uint32_t>(kind) | (static_cast<uint32_t>(dtype + 1) & 15u) << kDtypeShift |
+         (opOrRoot & 7u) << kOpShift | uint32_t(compressed) << kCompressedShift |
+         static_cast<uint32_t>(digest & 0xff) << kDigestShift;
+}
+
+std::string CallSignature::describe() const {
+  std::string text = fmt::format("{}(count {}", kindText(static_cast<uint32_t>(kind)), count);
+  if (dtype >= 0) text += ", " + dtypeText(dtype);
+  if (op >= 0) text += ", " + opText(op);
+  if (root >= 0) text += fmt::format(", root {}", root);
+  if (!algorithm.empty()) text += fmt::format(", algorithm {}", algorithm);
+  if (kind == CallKind::Allreduce)
+    text += compressed ? fmt::format(", compressed by {}{}{}", compressor, options.empty() ? "" : " ", options)
+                       : std::string(", not compressed");
+  return text + ")";
+}
+
+CallScope::CallScope(shoal_comm& comm, CallSignature signature)
+    : comm_(comm), saved_(comm.call), savedCurrent_(currentCall) {
+  comm.call = signature;
+  comm.callWordValid = false;
+  currentCall = &comm.call;
+}
+
+CallScope::~CallScope() {
+  comm_.call = saved_;
+  comm_.callWordValid = false;
+  currentCall = savedCurrent_;
+}
+
+void refreshCallWord(shoal_comm& comm) { comm.callWordValid = false; }
+
+uint32_t currentCallWord(shoal_comm& comm) {
+  if (!comm.callWordValid) {
+    comm.callWord = comm.call.word();
+    comm.callWordValid = true;
+  }
+  return comm.callWord;
+}
+
+// Called by the transport (transport.h) when a message's signature differs.
+std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_t theirs) {
+  std::string differs;
+  auto add = [&](const std::string& what) { differs += (differs.empty() ? "" : "; ") + what; };
+  if (field(mine, 0, kKindBits) != field(theirs, 0, kKindBits))
+    add(fmt::format("the collective (this rank: {}, rank {}: {})", kindText(field(mine, 0, kKindBits)), peer,
+                    kindText(field(theirs, 0, kKindBits))));
+  uint32_t myDtype = field(mine, kDtypeShift, kDtypeBits), theirDtype = field(theirs, kDtypeShift, kDtypeBits);
+  if (myDtype != theirDtype)
+    add(fmt::format("the dtype (this rank: {}, rank {}: {})", dtypeText(int(myDtype) - 1), peer,
+                    dtypeText(int(theirDtype) - 1)));
+  uint32_t myOp = field(mine, kOpShift, kOpBits), theirOp = field(theirs, kOpShift, kOpBits);
+  bool broadcast = field(mine, 0, kKindBits) == uint32_t(CallKind::Broadcast);
+  if (myOp != theirOp && field(mine, 0, kKindBits) == field(theirs, 0, kKindBits))
+    add(broadcast ? std::string("the root")
+                  : fmt::format("the op (this rank: {}, rank {}: {})", opText(int(myOp)), peer, opText(int(theirOp))));
+  bool myCompressed = field(mine, kCompressedShift, 1), theirCompressed = field(theirs, kCompressedShift, 1);
+  if (myCompressed != theirCompressed)
+    add(fmt::format("compression (this rank: {}, rank {}: {}; set SHOAL_COMPRESSOR, SHOAL_COMPRESSOR_OPTS and "
+                    "SHOAL_COMPRESS_MIN_BYTES alike on every rank)",
+                    myCompressed ? "compressed" : "plain", peer, theirCompressed ? "compressed" : "plain"));
+  if (differs.empty()) add("the count, root, algorithm or compressor and options");
+  return fmt::format("ranks disagree on a call: rank {} got a message from rank {} that differs in {}. This rank's "
+                     "call: {}. Every rank must make the same calls in the same order with the same arguments",
+                     rank, peer, differs,
+                     currentCall ? currentCall->describe() : std::string("an internal collective"));
+}
+
+}  // namespace shoal

@@ -1,0 +1,74 @@
+// One agreement mechanism for every collective call: each call declares its
+// signature (collective, count, dtype, op, root, algorithm, compressed or not,
+// the compressor and its options) and every message of the call carries a
+// compact form of it in the transport's tag (transport.h). A receive compares
+// the sender's signature with its own; while a wait is idle the transport also
+// looks for unmatched messages of the same call with another signature. So
+// ranks that make different calls fail with SHOAL_ERR_MISMATCH and text naming
+// what differs and on which rank, instead of combining unrelated data, and a
+// large message pays no extra round trip. docs/reliability-agreement.md has
+// the layout and what it cannot see.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shoal/shoal.h"
+
+struct shoal_comm;
+
+namespace shoal {
+
+enum class CallKind : uint8_t { Internal = 0, Allreduce, Allgather, Broadcast, ReduceScatter, Barrier, Other };
+
+struct CallSignature {
+  CallKind kind = CallKind::Internal;
+  int dtype = -1;          // shoal_dtype_t, -1 where the call has none
+  int op = -1;             // shoal_op_t, -1 where the call has none
+  int root = -1;           // broadcast only
+  uint64_t count = 0;      // elements (allgather: of every rank together)
+  uint64_t layout = 0;     // allgatherv: every rank's count, hashed
+  // Views of text that outlives the call: the algorithm tables' names, the
+  // compressor instance's name and options (kept for the communicator's life).
+  std::string_view algorithm;   // the algorithm the call runs (resolved, not "auto")
+  bool compressed = false;
+  std::string_view compressor;  // with its options, when compressed
+  std::string_view options;
+
+  // The 19 bits the tags carry: kind (3), dtype (4), op or root mod 8 (3),
+  // compressed (1), and an 8-bit digest of count, layout, root, algorithm,
+  // compressor and options.
+  uint32_t word() const;
+  // For error text: "allreduce(count 6, f32, sum, algorithm doubling, plain)".
+  std::string describe() const;
+};
+
+// Declares the call that a C entry point runs on a communicator: every
+// collective it runs (runCollective, api/run.h) tags its messages with the
+// signature. Restores the previous one on exit (calls do not nest across
+// ranks, but the scope keeps a stray internal collective honest).
+class CallScope {
+ public:
+  CallScope(shoal_comm& comm, CallSignature signature);
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  shoal_comm& comm_;
+  CallSignature saved_;
+  const CallSignature* savedCurrent_;
+};
+
+// Marks comm.call changed (the driver adds the compression decision once it
+// is made): the tag word is recomputed by the call's next collective.
+void refreshCallWord(shoal_comm& comm);
+// The tag word of the running call, computed once per change.
+uint32_t currentCallWord(shoal_comm& comm);
+
+// "f32" style names (shoal_dtype_name / shoal_op_name with a fallback).
+std::string dtypeText(int dtype);
+std::string opText(int op);
+
+}  // namespace shoal

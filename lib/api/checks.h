@@ -1,0 +1,31 @@
+// Argument checks shared by the C entry points: one rule for element and
+// byte counts, one for tensor shapes, one for timeouts. Each failure is
+// SHOAL_ERR_INVALID_ARGUMENT with text naming the call, the argument, its
+// value and the range it must lie in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shoal/shoal.h"
+
+namespace shoal {
+
+// The largest buffer a call accepts: PTRDIFF_MAX bytes (no object is larger).
+constexpr size_t kMaxBufferBytes = static_cast<size_t>(PTRDIFF_MAX);
+
+// count x sizeof(dtype) x factor, refused when it exceeds kMaxBufferBytes
+// (also when the product wraps). `what` names the argument ("count").
+size_t checkedByteCount(const char* call, const char* what, size_t count, shoal_dtype_t dtype, size_t factor = 1);
+
+// The element count of a tensor: ndim in 0..SHOAL_MAX_DIMS, no negative
+// extent, and a product whose bytes fit kMaxBufferBytes. The dtype must be
+// valid (checked first).
+size_t checkedTensorElements(const char* call, const char* what, const shoal_tensor_t& tensor);
+
+// A wait's timeout in seconds: NaN is refused; <= 0 and +infinity mean the
+// communicator's deadline (`communicatorS`, SHOAL_TIMEOUT_S): shoal never
+// waits without one. Finite values above it are kept.
+double checkedTimeout(const char* call, const char* what, double seconds, double communicatorS);
+
+}  // namespace shoal
