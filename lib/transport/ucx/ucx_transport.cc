@@ -19,9 +19,11 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -83,9 +85,12 @@ class UcxTransport final : public Transport {
   void waitAll(Request* requests, size_t count, Deadline deadline) override;
   void abort(const std::string& reason) override;
   void checkNotAborted() override;
-  bool failed() const override { return !failure_.empty(); }
+  bool failed() const override { return failedFlag_.load(std::memory_order_acquire); }
   uint64_t bytesSent() const override { return bytesSent_; }
-  const std::string& failure() const override { return failure_; }
+  std::string failure() const override {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    return failure_;
+  }
 
  private:
   struct PeerSlot {
@@ -103,6 +108,8 @@ class UcxTransport final : public Transport {
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
   void idle(Clock::time_point idleSince);
+  // Records the first failure only; returns whether this call recorded it.
+  bool recordFailure(shoal_status_t status, const std::string& text);
 
   // Idle polls spin spinRounds_ times, then yield for kYieldPhaseMs, then sleep
   // on the event fd in slices of kEventWaitMs (deadlines and peer liveness are
@@ -125,6 +132,12 @@ class UcxTransport final : public Transport {
   std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
   std::vector<long> localPeerPid_;        // same-host peers' pids, 0 for remote peers and self
   Clock::time_point nextLivenessCheck_{};
+  // The failure is written by whichever thread drives the transport (the
+  // engine's, for async calls) and read by any caller thread (usableComm,
+  // shoal_iallreduce): guarded by failureMutex_, with failedFlag_ for the
+  // lock-free fast check.
+  mutable std::mutex failureMutex_;
+  std::atomic<bool> failedFlag_{false};
   std::string failure_;
   shoal_status_t failureStatus_ = SHOAL_OK;
 
@@ -260,7 +273,18 @@ void UcxTransport::postAbortReceive() {
 }
 
 void UcxTransport::checkUsable() const {
-  if (failed()) throw Error(failureStatus_, failure_);
+  if (!failed()) return;
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  throw Error(failureStatus_, failure_);
+}
+
+bool UcxTransport::recordFailure(shoal_status_t status, const std::string& text) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failedFlag_.load(std::memory_order_relaxed)) return false;
+  failure_ = text;
+  failureStatus_ = status;
+  failedFlag_.store(true, std::memory_order_release);
+  return true;
 }
 
 Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
@@ -460,19 +484,12 @@ void UcxTransport::cancelPending(Request* requests, size_t count) {
 void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                             bool notifyPeers) {
   cancelPending(requests, count);
-  if (!failed()) {
-    failure_ = text;
-    failureStatus_ = status;
-    if (notifyPeers) abort(text);
-  }
+  if (recordFailure(status, text) && notifyPeers) abort(text);
   throw Error(status, text);
 }
 
 void UcxTransport::abort(const std::string& reason) {
-  if (failure_.empty()) {
-    failure_ = "the communicator was aborted: " + reason;
-    failureStatus_ = SHOAL_ERR_REMOTE;
-  }
+  recordFailure(SHOAL_ERR_REMOTE, "the communicator was aborted: " + reason);
   abortOutbox_ = reason.substr(0, kAbortMessageBytes - 1);
   std::vector<void*> sends;
   for (int peer = 0; peer < size_; ++peer) {
