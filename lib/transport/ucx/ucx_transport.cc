@@ -13,7 +13,9 @@
 // becomes SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that
 // fails sends an abort notice to all peers so they fail at once, not at their
 // deadline.
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <ucp/api/ucp.h>
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -59,16 +62,27 @@ std::string hostIdentity() {
                      static_cast<unsigned long>(netNamespace.st_ino));
 }
 
-// False once the process has exited (gone, or a zombie not yet reaped).
+// False once the process has exited (gone, or a zombie not yet reaped). Only
+// an answer from the kernel counts as "gone": when this process cannot open
+// /proc/<pid>/stat for lack of descriptors (EMFILE, ENFILE: a flood of
+// connections, say) or memory, the peer is taken to be alive, and the
+// collective's deadline still bounds the wait.
 bool processAlive(long pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pidField, command, state;
-  if (!(stat >> pidField)) return false;
-  // The command is in parentheses and may contain spaces: skip to the last ')'.
-  std::string rest((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t close = rest.rfind(')');
-  if (close == std::string::npos || close + 2 >= rest.size()) return false;
-  char stateChar = rest[close + 2];
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ESRCH) return false;
+    return !(kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+  }
+  char text[512];
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return n < 0 && errno != ESRCH;  // an exited process's stat reads empty or ESRCH
+  std::string_view fields(text, static_cast<size_t>(n));
+  // The command is in parentheses and may contain spaces: the state follows the last ')'.
+  size_t paren = fields.rfind(')');
+  if (paren == std::string_view::npos || paren + 2 >= fields.size()) return true;  // cut short: not proof of death
+  char stateChar = fields[paren + 2];
   return stateChar != 'Z' && stateChar != 'X';
 }
 
