@@ -197,6 +197,11 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   //   rate (as Gloo does; bench/netns, docs/benchmarks.md).
   if (std::getenv("UCX_RNDV_THRESH") == nullptr)
     ucp_config_modify(config, "RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
+  // Listening: UCX's TCP transport listens on every network device it uses. When every peer is
+  // on this host (and network namespace), the only device the job needs is loopback, so a
+  // one-host job is not reachable from the network. Jobs spanning hosts keep UCX's choice. A
+  // user's UCX_NET_DEVICES (or UCX_TCP_* settings read by UCX itself) always wins.
+  if (!anyRemotePeer && std::getenv("UCX_NET_DEVICES") == nullptr) ucp_config_modify(config, "NET_DEVICES", "lo");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
