@@ -15,6 +15,11 @@
 //       creates, checks (one allreduce) and destroys a communicator N times.
 //   rank_worker two-comms
 //       two communicators alive at once, used in turn, destroyed in creation order.
+//   rank_worker fault COLLECTIVE R kill|stop
+//       loops COLLECTIVE (allreduce, allgather, broadcast, reduce_scatter) on
+//       1M floats; rank R SIGKILLs or SIGSTOPs itself before iteration 3, first
+//       printing "fault at T" (T: CLOCK_REALTIME seconds); the others print
+//       "detected at T: <error>" (tests/multiproc/fault_matrix.sh).
 //   rank_worker hold
 //       creates a communicator, prints "worker R: holding pid P" and sleeps (the
 //       test kills it, or its launcher's death does).
@@ -28,6 +33,7 @@
 // ctest runs this program with --gtest_list_tests to discover tests: it then
 // prints nothing (no tests) and exits 0.
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cinttypes>
@@ -220,6 +226,47 @@ int runTwoComms() {
   return kExitOk;
 }
 
+int usage(const char* why);
+
+double wallClock() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+int runFault(int rank, int size, const std::string& collective, int victim, bool kill) {
+  const size_t count = 1 << 20;
+  std::vector<float> in(count * static_cast<size_t>(size), 1.0f), out(count * static_cast<size_t>(size));
+  for (int iteration = 0; iteration < 1000; ++iteration) {
+    if (rank == victim && iteration == 3) {
+      std::printf("worker %d: fault at %.6f\n", rank, wallClock());
+      std::fflush(stdout);
+      raise(kill ? SIGKILL : SIGSTOP);
+      for (;;) pause();
+    }
+    shoal_status_t status = SHOAL_OK;
+    if (collective == "allreduce")
+      status = shoal_allreduce(gComm, in.data(), out.data(), count, SHOAL_F32, SHOAL_SUM);
+    else if (collective == "allgather")
+      status = shoal_allgather(gComm, in.data(), out.data(), count, SHOAL_F32);
+    else if (collective == "broadcast")
+      status = shoal_broadcast(gComm, in.data(), out.data(), count, SHOAL_F32, 0);
+    else if (collective == "reduce_scatter")
+      status = shoal_reduce_scatter(gComm, in.data(), out.data(), count, SHOAL_F32, SHOAL_SUM);
+    else
+      return usage("unknown collective");
+    if (status != SHOAL_OK) {
+      std::printf("worker %d: detected at %.6f: %s: %s\n", rank, wallClock(), shoal_status_string(status),
+                  shoal_last_error(gComm));
+      std::fflush(stdout);
+      shoal_comm_destroy(gComm);
+      std::exit(kExitShoalError);
+    }
+  }
+  std::printf("worker %d: never detected the fault\n", rank);
+  return kExitOk;
+}
+
 int usage(const char* why) {
   std::fprintf(stderr,
                "rank_worker: %s\nusage: rank_worker success | die-mid-allreduce RANK [exit|kill] | "
@@ -240,6 +287,8 @@ int main(int argc, char** argv) {
     if (argc < 3) return usage("the mode needs the rank that fails");
     victim = std::atoi(argv[2]);
     if (argc >= 4) bySignal = std::strcmp(argv[3], "kill") == 0;
+  } else if (mode == "fault") {
+    if (argc < 5) return usage("fault needs COLLECTIVE RANK kill|stop");
   } else if (mode == "cycles") {
     if (argc < 3) return usage("the mode needs a number of cycles");
   } else if (mode != "success" && mode != "two-comms" && mode != "hold") {
@@ -268,6 +317,7 @@ int main(int argc, char** argv) {
     for (;;) pause();
   }
 
+  if (mode == "fault") return runFault(gRank, size, argv[2], std::atoi(argv[3]), std::strcmp(argv[4], "kill") == 0);
   int code = mode == "success" ? runSuccess(gRank, size)
                                : runFailure(gRank, size, victim, mode == "die-mid-allreduce", bySignal);
   check(shoal_comm_destroy(gComm), "shoal_comm_destroy");
