@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cerrno>
 #include <map>
 #include <mutex>
@@ -63,7 +64,10 @@ class WarnLimiter {
 
 }  // namespace
 
-class Server {
+// The poll thread is detached and holds a reference to its Server, so the object outlives the thread
+// however the server ends (stopped, idle, or at exit), and a process that leaves with _exit() does not
+// leave an unjoined thread behind.
+class Server : public std::enable_shared_from_this<Server> {
  public:
   Server(const std::string& host, int port, std::string token, std::string url)
       : token_(std::move(token)), url_(std::move(url)), warnings_(url_) {
@@ -76,13 +80,18 @@ class Server {
     wakeRead_ = pipeFds[0];
     wakeWrite_ = pipeFds[1];
     users_ = 1;
-    thread_ = std::thread([this] { run(); });
   }
 
   ~Server() {
-    stop();
+    if (listenFd_ >= 0) close(listenFd_);  // never started
     close(wakeRead_);
     close(wakeWrite_);
+  }
+
+  void start() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    started_ = true;
+    std::thread([self = shared_from_this()] { self->run(); }).detach();
   }
 
   // Adds a user; false when this server has stopped and cannot be reused, or serves another
@@ -108,11 +117,12 @@ class Server {
     wake();
   }
 
-  // Stops serving now (closing every connection and the port) and joins the thread.
+  // Stops serving now (closing every connection and the port) and waits until the thread is done.
   void stop() {
     stopRequested_ = true;
     wake();
-    if (thread_.joinable()) thread_.join();
+    std::unique_lock<std::mutex> lock(mutex_);
+    exitedChanged_.wait(lock, [&] { return exited_ || !started_; });
   }
 
  private:
@@ -219,6 +229,8 @@ class Server {
     listenFd_ = -1;
     std::lock_guard<std::mutex> lock(mutex_);
     stopped_ = true;
+    exited_ = true;
+    exitedChanged_.notify_all();
   }
 
   void acceptAll() {
@@ -437,8 +449,10 @@ class Server {
   std::mutex mutex_;
   int users_ = 0;         // ServerLeases held
   bool stopped_ = false;  // the thread has stopped or is stopping: never reused
+  bool started_ = false;
+  bool exited_ = false;   // run() has closed everything and returned
+  std::condition_variable exitedChanged_;
   std::atomic<bool> stopRequested_{false};
-  std::thread thread_;
 };
 
 namespace {
@@ -474,6 +488,7 @@ ServerLease::ServerLease(const std::string& host, int port, const std::string& t
   if (slot) slot->stop();  // stopped when idle, or another job's and unused: free the port first
   slot.reset();
   slot = std::make_shared<Server>(host, port, token, url);
+  slot->start();
   server_ = slot;
 }
 
