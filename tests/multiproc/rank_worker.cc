@@ -20,6 +20,10 @@
 //       1M floats; rank R SIGKILLs or SIGSTOPs itself before iteration 3, first
 //       printing "fault at T" (T: CLOCK_REALTIME seconds); the others print
 //       "detected at T: <error>" (tests/multiproc/fault_matrix.sh).
+//   rank_worker exhaust-fds
+//       rank 0 opens files until it runs out of descriptors (EMFILE), then
+//       allreduces while rank 1 joins 1.5 s late: rank 0's liveness checks of
+//       rank 1 then cannot open /proc/<pid>/stat, which must not read as death.
 //   rank_worker hold
 //       creates a communicator, prints "worker R: holding pid P" and sleeps (the
 //       test kills it, or its launcher's death does).
@@ -32,10 +36,12 @@
 // tests/CMakeLists.txt globs tests/multiproc/*.cc into gtest executables, so
 // ctest runs this program with --gtest_list_tests to discover tests: it then
 // prints nothing (no tests) and exits 0.
+#include <fcntl.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +273,21 @@ int runFault(int rank, int size, const std::string& collective, int victim, bool
   return kExitOk;
 }
 
+int runExhaustFds(int rank, int size) {
+  std::vector<int> hoard;
+  if (rank == 0) {
+    for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hoard.push_back(fd);
+    std::printf("worker 0: holding %zu descriptors, the last open failed: %s\n", hoard.size(), std::strerror(errno));
+  } else {
+    usleep(1500 * 1000);
+  }
+  for (int step = 0; step < 3; ++step) checkedAllreduce(gComm, rank, size, step, "allreduce while out of descriptors");
+  for (int fd : hoard) close(fd);
+  check(shoal_barrier(gComm), "barrier");
+  std::printf("worker %d: exhaust-fds succeeded\n", rank);
+  return kExitOk;
+}
+
 int usage(const char* why) {
   std::fprintf(stderr,
                "rank_worker: %s\nusage: rank_worker success | die-mid-allreduce RANK [exit|kill] | "
@@ -291,7 +312,8 @@ int main(int argc, char** argv) {
     if (argc < 5) return usage("fault needs COLLECTIVE RANK kill|stop");
   } else if (mode == "cycles") {
     if (argc < 3) return usage("the mode needs a number of cycles");
-  } else if (mode != "success" && mode != "two-comms" && mode != "hold") {
+  } else if (mode != "success" && mode != "two-comms" && mode != "hold" &&
+             mode != "exhaust-fds") {
     return usage("unknown mode");
   }
 
@@ -317,6 +339,11 @@ int main(int argc, char** argv) {
     for (;;) pause();
   }
 
+  if (mode == "exhaust-fds") {
+    int code = runExhaustFds(gRank, size);
+    check(shoal_comm_destroy(gComm), "shoal_comm_destroy");
+    return code;
+  }
   if (mode == "fault") return runFault(gRank, size, argv[2], std::atoi(argv[3]), std::strcmp(argv[4], "kill") == 0);
   int code = mode == "success" ? runSuccess(gRank, size)
                                : runFailure(gRank, size, victim, mode == "die-mid-allreduce", bySignal);

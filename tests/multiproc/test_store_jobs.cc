@@ -238,6 +238,13 @@ TEST_F(StoreJobs, IdleConnectionFloodDoesNotBreakAJob) {
   EXPECT_LE(warnings, 12u) << ranks[0].output;
 }
 
+// Liveness checks must not mistake "this process is out of descriptors" for "the peer died".
+TEST_F(StoreJobs, DescriptorExhaustionIsNotAPeerDeath) {
+  auto ranks = run(2, {"exhaust-fds"}, [&](int r) { return shoalEnv(r, 2); });
+  expectAllOk(ranks);
+  EXPECT_NE(ranks[0].output.find("Too many open files"), std::string::npos) << describe(ranks);
+}
+
 TEST_F(StoreJobs, TorchrunVariablesAndItsStoreRule) {
   auto ranks = run(2, {"success"}, [&](int r) {
     return Env{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
