@@ -83,10 +83,6 @@ Discovery discoverRanks(int configRank, int configSize, const char* configStore)
   } else if (auto url = config::getRaw("SHOAL_STORE")) {
     found.store = *url;
     found.storeFrom = "SHOAL_STORE";
-  } else if (auto addr = env("MASTER_ADDR"), port = env("MASTER_PORT"); addr && port) {
-    long long torchPort = config::parseInteger("MASTER_PORT", *port, 1, 65534);
-    found.store = "tcp://" + bracketed(*addr) + ":" + std::to_string(torchPort + 1);
-    found.storeFrom = "MASTER_ADDR and MASTER_PORT (torchrun; shoal uses MASTER_PORT + 1)";
   }
 
   if (!rank) {
@@ -115,6 +111,17 @@ Discovery discoverRanks(int configRank, int configSize, const char* configStore)
          *rank, found.rankFrom, *size, found.sizeFrom, *size - 1);
   found.rank = static_cast<int>(*rank);
   found.worldSize = static_cast<int>(*size);
+  // torchrun's rule, only for a job of several ranks (a world of one needs no rendezvous, and a
+  // stray MASTER_ADDR in a plain process's environment must not make it look for one).
+  if (!found.store && found.worldSize > 1) {
+    auto addr = env("MASTER_ADDR");
+    auto port = env("MASTER_PORT");
+    if (addr && port) {
+      long long torchPort = config::parseInteger("MASTER_PORT", *port, 1, 65534);
+      found.store = "tcp://" + bracketed(*addr) + ":" + std::to_string(torchPort + 1);
+      found.storeFrom = "MASTER_ADDR and MASTER_PORT (torchrun; shoal uses MASTER_PORT + 1)";
+    }
+  }
   return found;
 }
 

@@ -25,9 +25,10 @@ struct Discovery {
   int worldSize = 1;
   std::string rankFrom;   // the variable (or "config.rank") the rank came from; "" = a world of one
   std::string sizeFrom;
-  // The store URL from SHOAL_STORE or, when that is unset, torchrun's
-  // MASTER_ADDR and MASTER_PORT: tcp://MASTER_ADDR:<MASTER_PORT + 1> (torch's
-  // own store listens on MASTER_PORT). nullopt when neither is set.
+  // The store URL from config.store or SHOAL_STORE or, when those are unset
+  // and the world has several ranks, torchrun's MASTER_ADDR and MASTER_PORT:
+  // tcp://MASTER_ADDR:<MASTER_PORT + 1> (torch's own store listens on
+  // MASTER_PORT). nullopt when none applies.
   std::optional<std::string> store;
   std::string storeFrom;
 };

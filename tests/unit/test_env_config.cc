@@ -219,6 +219,13 @@ TEST_F(Environment, TorchrunsStoreIsMasterPortPlusOne) {
   unsetenv("SHOAL_STORE");
   set("MASTER_PORT", "65535");  // no room for + 1
   EXPECT_TRUE(has(errorOf([] { discoverRanks(-1, -1, nullptr); }), "MASTER_PORT='65535'"));
+  // A world of one needs no store, and a stray MASTER_ADDR does not make a plain process look for one.
+  set("MASTER_PORT", "29500");
+  set("WORLD_SIZE", "1");
+  EXPECT_FALSE(discoverRanks(-1, -1, nullptr).store);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  EXPECT_FALSE(discoverRanks(-1, -1, nullptr).store);
 }
 
 }  // namespace
