@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "api/comm_info.h"
+#include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
 
@@ -21,43 +22,27 @@ namespace {
 
 thread_local std::string threadLastError;
 
-std::optional<int> envInt(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || value[0] == '\0') return std::nullopt;
-  char* end = nullptr;
-  long parsed = std::strtol(value, &end, 10);
-  if (*end != '\0') fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not an integer", name, value);
-  return static_cast<int>(parsed);
-}
-
-// Rank and size: the config struct, else SHOAL_*, else mpirun's, else Slurm's variables.
-std::pair<int, int> discoverRankAndSize(const shoal_config_t& config) {
-  struct Source { const char* rank; const char* size; };
-  const Source sources[] = {{"SHOAL_RANK", "SHOAL_WORLD_SIZE"},
-                            {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                            {"SLURM_PROCID", "SLURM_NTASKS"}};
-  int rank = config.rank, size = config.world_size;
-  for (const Source& source : sources) {
-    if (rank < 0) rank = envInt(source.rank).value_or(-1);
-    if (size < 0) size = envInt(source.size).value_or(-1);
-  }
-  if (rank < 0 && size < 0) return {0, 1};  // a plain process on its own: a world of one
-  if (size < 1)
-    fail(SHOAL_ERR_INVALID_ARGUMENT,
-         "world size {} is invalid: set config.world_size or SHOAL_WORLD_SIZE to the number of ranks (>= 1)", size);
-  if (rank < 0 || rank >= size)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "rank {} is outside the world of {} ranks: set config.rank or SHOAL_RANK to 0..{}",
-         rank, size, size - 1);
-  return {rank, size};
-}
-
 // The k-th communicator a rank creates on a store uses key prefix "comm<k>/",
-// so successive communicators of one job do not read each other's keys.
-std::string nextKeyPrefix(const std::string& storeUrl, int rank) {
+// so successive (or simultaneous) communicators of one job do not read each
+// other's keys; every rank must create its communicators in the same order.
+//
+// A store can outlive a job: a file:// folder used again, or a tcp server that
+// stays up while other communicators of the process use it. So the ranks also
+// count their arrivals on the store: the n-th arrival (1-based) belongs to
+// generation (n - 1) / worldSize, and the keys live under "comm<k>/g<gen>/".
+// The next job on a reused folder then gets generation 1 and never reads the
+// previous job's keys. (A job that died before all its ranks arrived leaves the
+// count misaligned: its successor times out naming the store; use a fresh folder.)
+std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, int worldSize) {
   static std::mutex mutex;
   static std::map<std::pair<std::string, int>, int> created;
-  std::lock_guard<std::mutex> lock(mutex);
-  return "comm" + std::to_string(created[{storeUrl, rank}]++) + "/";
+  std::string comm;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    comm = "comm" + std::to_string(created[{storeUrl, rank}]++) + "/";
+  }
+  int64_t arrival = store.add(comm + "arrivals", 1);
+  return comm + "g" + std::to_string((arrival - 1) / worldSize) + "/";
 }
 
 // Every rank must use the same algorithm and pipelining settings: a cheap
@@ -94,7 +79,10 @@ shoal_comm& usableComm(shoal_comm_t comm, const char* call) {
 
 std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   auto comm = std::make_unique<shoal_comm>();
-  std::tie(comm->rank, comm->size) = discoverRankAndSize(config);
+  config::checkEnvironment();  // a malformed or out-of-range SHOAL_* variable fails here, by name
+  Discovery discovery = discoverRanks(config.rank, config.world_size, config.store);
+  comm->rank = discovery.rank;
+  comm->size = discovery.worldSize;
   comm->timeoutS = config.timeout_s > 0 ? config.timeout_s : config::getDouble("SHOAL_TIMEOUT_S");
   if (!(comm->timeoutS > 0))
     fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_TIMEOUT_S must be a positive number of seconds, not {}", comm->timeoutS);
@@ -111,10 +99,8 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   storeOptions.rank = comm->rank;
   storeOptions.worldSize = comm->size;
   storeOptions.timeoutS = comm->timeoutS;
-  if (config.store != nullptr) {
-    storeOptions.url = config.store;
-  } else if (auto url = config::getRaw("SHOAL_STORE")) {
-    storeOptions.url = *url;
+  if (discovery.store) {
+    storeOptions.url = *discovery.store;
   } else if (comm->size == 1) {
     static std::atomic<int> privateStores{0};
     storeOptions.url = fmt::format("memory://shoal-private-{}-{}", getpid(), privateStores++);
@@ -135,7 +121,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   transportOptions.rank = comm->rank;
   transportOptions.worldSize = comm->size;
   transportOptions.store = comm->store.get();
-  transportOptions.keyPrefix = nextKeyPrefix(storeOptions.url, comm->rank);
+  transportOptions.keyPrefix = nextKeyPrefix(*comm->store, storeOptions.url, comm->rank, comm->size);
   comm->keyPrefix = transportOptions.keyPrefix;
   transportOptions.timeoutS = comm->timeoutS;
   if (config::getString("SHOAL_SPIN_ROUNDS") != "auto") {

@@ -3,7 +3,8 @@
 // throws shoal::Error(SHOAL_ERR_TIMEOUT) naming the keys it waited for.
 //
 // Implementations: memory (threads in one process), file (a shared
-// directory), tcp (rank 0 serves; every connection presents the job token).
+// directory), tcp (rank 0 serves; every connection presents the job token;
+// lib/bootstrap/tcp/).
 #pragma once
 
 #include <cstdint>
@@ -42,8 +43,10 @@ struct StoreOptions {
 // Error(SHOAL_ERR_NOT_FOUND) for an unknown scheme, naming the valid ones.
 // memory:// stores with the same name share one key space while any Store
 // for that name is alive; the last one destroyed drops it. A tcp store's
-// server lives in rank 0's Store: rank 0 should destroy it only after the
-// other ranks are done with the store (e.g. after a barrier).
+// server runs in rank 0's process, one per port, shared by every rank-0 Store
+// of the process on that port; it serves while any of them, or any client that
+// presented the token, is connected, and stops (freeing the port) about a
+// second after the last goes (lib/bootstrap/tcp/server.h).
 std::unique_ptr<Store> makeStore(const StoreOptions& options);
 
 // Internals shared by the backends (lib/bootstrap/*.cc); not for other callers.

@@ -1,41 +1,53 @@
 #include "core/config.h"
 
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/error.h"
 
 namespace shoal::config {
 
+// Limits shared by several rows. A rank number travels in 23 bits of a UCX
+// tag (lib/transport/ucx), so that bounds the world size.
+constexpr double kMaxRank = (1 << 23) - 1;
+constexpr double kMaxWorld = 1 << 23;
+constexpr double kMaxBytes = 1LL << 50;      // 1 PiB: larger is a typo
+constexpr double kMaxSeconds = 31536000;     // a year: every wait has a deadline (no "inf")
+
 const std::vector<Variable>& table() {
+  using K = Kind;
   static const std::vector<Variable> variables = {
       // Launch and rendezvous (set by shoalrun, mpirun -x, or by hand).
-      {"SHOAL_RANK", "", "This process's rank; else OMPI_COMM_WORLD_RANK or SLURM_PROCID."},
-      {"SHOAL_WORLD_SIZE", "", "Number of ranks; else OMPI_COMM_WORLD_SIZE or SLURM_NTASKS."},
-      {"SHOAL_STORE", "", "Rendezvous store: tcp://host:port (rank 0 serves), file:///shared/dir, memory://name."},
-      {"SHOAL_LOCAL_RANK", "", "Rank within this machine (set by shoalrun; informational)."},
-      {"SHOAL_LOCAL_SIZE", "", "Ranks on this machine (set by shoalrun; informational)."},
+      {"SHOAL_RANK", "", "This process's rank; else a launcher's (docs/reliability-store.md: RANK, PMI_RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...).", K::Integer, 0, kMaxRank},
+      {"SHOAL_WORLD_SIZE", "", "Number of ranks; else a launcher's (WORLD_SIZE, PMI_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, ...).", K::Integer, 1, kMaxWorld},
+      {"SHOAL_STORE", "", "Rendezvous store: tcp://host:port (rank 0 serves), file:///shared/dir, memory://name; under torchrun tcp://MASTER_ADDR:MASTER_PORT+1."},
+      {"SHOAL_LOCAL_RANK", "", "Rank within this machine (set by shoalrun; informational).", K::Integer, 0, kMaxRank},
+      {"SHOAL_LOCAL_SIZE", "", "Ranks on this machine (set by shoalrun; informational).", K::Integer, 1, kMaxWorld},
       {"SHOAL_TOKEN", "", "Job token every tcp store connection must present; shoalrun makes a fresh one."},
       // Behaviour.
-      {"SHOAL_TIMEOUT_S", "300", "Deadline in seconds of every wait; a dead or stalled peer becomes an error after it."},
-      {"SHOAL_ALGO", "auto", "Allreduce algorithm: auto, ring, tree or doubling (broadcast: tree or chain, chosen by size unless ring/tree)."},
-      {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain."},
-      {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes."},
-      {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores)."},
+      {"SHOAL_TIMEOUT_S", "300", "Deadline in seconds of every wait; a dead or stalled peer becomes an error after it.", K::Number, 0.001, kMaxSeconds},
+      {"SHOAL_ALGO", "auto", "Allreduce algorithm: auto, ring, tree or doubling (broadcast: tree or chain, chosen by size unless ring/tree).", K::Choice, 0, 0, "auto,ring,tree,doubling"},
+      {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain.", K::Integer, 0, kMaxBytes},
+      {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes.", K::Integer, 4096, 1 << 30},
+      {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores).", K::Integer, 0, 1 << 30, "auto"},
       // Compression.
       {"SHOAL_COMPRESSOR", "none", "Compressor for allreduce (sum/avg of float tensors): none or a name from shoalrun --list-compressors."},
       {"SHOAL_COMPRESSOR_OPTS", "", "Options of the compressor, k=v,k=v (see shoalrun --list-compressors)."},
-      {"SHOAL_COMPRESS_MIN_BYTES", "65536", "Tensors smaller than this many bytes go uncompressed."},
+      {"SHOAL_COMPRESS_MIN_BYTES", "65536", "Tensors smaller than this many bytes go uncompressed.", K::Integer, 0, kMaxBytes},
       {"SHOAL_PLUGIN_PATH", "", "Colon-separated folders searched for libshoal-compressor-<name>.so plugins."},
-      {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug."},
+      {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug.", K::Choice, 0, 0, "error,warn,info,debug"},
       // Runtime (async API: shoal_iallreduce & co., docs/runtime.md).
-      {"SHOAL_CYCLE_TIME_MS", "1", "Async runtime: milliseconds between negotiation cycles of the background thread."},
-      {"SHOAL_FUSION_THRESHOLD", "134217728", "Async runtime: bytes of ready allreduces fused into one collective; 0 disables fusion."},
-      {"SHOAL_CACHE_CAPACITY", "1024", "Async runtime: response-cache entries (steady-state steps cost one bitwise allreduce); 0 disables the cache."},
+      {"SHOAL_CYCLE_TIME_MS", "1", "Async runtime: milliseconds between negotiation cycles of the background thread.", K::Number, 0, 10000},
+      {"SHOAL_FUSION_THRESHOLD", "134217728", "Async runtime: bytes of ready allreduces fused into one collective; 0 disables fusion.", K::Integer, 0, kMaxBytes},
+      {"SHOAL_CACHE_CAPACITY", "1024", "Async runtime: response-cache entries (steady-state steps cost one bitwise allreduce); 0 disables the cache.", K::Integer, 0, 1 << 20},
       {"SHOAL_TIMELINE", "", "Rank 0 writes a Chrome-trace JSON timeline of blocking calls and the async runtime (chrome://tracing, Perfetto) to this path."},
-      {"SHOAL_STALL_CHECK_S", "60", "Async runtime: rank 0 warns about tensors some ranks submitted and others not for this long (names, missing ranks); 0 = off."},
-      {"SHOAL_STALL_SHUTDOWN_S", "0", "Async runtime: such a stall becomes an error on every rank after this long; 0 = off."},
+      {"SHOAL_STALL_CHECK_S", "60", "Async runtime: rank 0 warns about tensors some ranks submitted and others not for this long (names, missing ranks); 0 = off.", K::Number, 0, kMaxSeconds},
+      {"SHOAL_STALL_SHUTDOWN_S", "0", "Async runtime: such a stall becomes an error on every rank after this long; 0 = off.", K::Number, 0, kMaxSeconds},
       // Bindings (read by the Python package, docs/python.md).
       {"SHOAL_LIBRARY", "", "Python: path of the libshoal.so to load; else the wheel's copy, else the system's."},
   };
@@ -48,6 +60,106 @@ static const Variable& find(const char* name) {
   fail(SHOAL_ERR_INTERNAL, "config variable {} is not declared in lib/core/config.cc", name);
 }
 
+namespace {
+
+// Shortest text that reads back as the same double: 4096, 0.001, 1e+15.
+std::string number(double value) {
+  if (value == static_cast<double>(static_cast<long long>(value)) && value < 1e15 && value > -1e15)
+    return std::to_string(static_cast<long long>(value));
+  return fmt::format("{}", value);
+}
+
+bool isChoice(const Variable& v, const std::string& text) {
+  if (v.choices == nullptr) return false;
+  std::string_view list(v.choices);
+  for (size_t start = 0; start <= list.size();) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string_view::npos) comma = list.size();
+    if (list.substr(start, comma - start) == text) return true;
+    start = comma + 1;
+  }
+  return false;
+}
+
+[[noreturn]] void badValue(const Variable& v, const std::string& text, const char* why) {
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' {}: it must be {}", v.name, text, why, describeRange(v));
+}
+
+// Whole numbers: optional sign, digits only (no "0x", no "1e3", no spaces).
+long long parseWhole(const Variable& v, const std::string& text) {
+  long long value = 0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  if (begin != end && *begin == '+') ++begin;
+  auto [stop, ec] = std::from_chars(begin, end, value);
+  if (begin == end || ec == std::errc::result_out_of_range) badValue(v, text, "is out of range");
+  if (ec != std::errc() || stop != end) badValue(v, text, "is not a whole number");
+  if (value < v.min || value > v.max) badValue(v, text, "is out of range");
+  return value;
+}
+
+double parseDecimal(const Variable& v, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])))
+    badValue(v, text, "is not a number");
+  if (!std::isfinite(value) || errno == ERANGE)
+    badValue(v, text, "is not a finite number (there is no 'no deadline' or infinite setting)");
+  if (value < v.min || value > v.max) badValue(v, text, "is out of range");
+  return value;
+}
+
+// Checks text against v's kind and range; returns normally when it is fine.
+void check(const Variable& v, const std::string& text) {
+  switch (v.kind) {
+    case Kind::Text:
+      return;
+    case Kind::Choice:
+      if (!isChoice(v, text)) badValue(v, text, "is not a valid choice");
+      return;
+    case Kind::Integer:
+      if (!isChoice(v, text)) parseWhole(v, text);
+      return;
+    case Kind::Number:
+      if (!isChoice(v, text)) parseDecimal(v, text);
+      return;
+  }
+}
+
+}  // namespace
+
+std::string describeRange(const Variable& v) {
+  std::string words = v.choices ? v.choices : "";
+  for (char& c : words)
+    if (c == ',') c = '|';
+  switch (v.kind) {
+    case Kind::Text:
+      return "text";
+    case Kind::Choice:
+      return "one of " + words;
+    case Kind::Integer:
+    case Kind::Number: {
+      std::string range = fmt::format("{} from {} to {}", v.kind == Kind::Integer ? "an integer" : "a number",
+                                      number(v.min), number(v.max));
+      return words.empty() ? range : words + " or " + range;
+    }
+  }
+  return "text";
+}
+
+void checkEnvironment() {
+  for (const Variable& v : table()) {
+    const char* value = std::getenv(v.name);
+    if (value != nullptr && value[0] != '\0') check(v, value);
+  }
+}
+
+long long parseInteger(const char* name, const std::string& text, long long min, long long max) {
+  Variable v{name, "", "", Kind::Integer, static_cast<double>(min), static_cast<double>(max)};
+  return parseWhole(v, text);
+}
+
 std::optional<std::string> getRaw(const char* name) {
   find(name);
   const char* value = std::getenv(name);
@@ -58,27 +170,26 @@ std::optional<std::string> getRaw(const char* name) {
 std::string getString(const char* name) {
   const Variable& v = find(name);
   const char* value = std::getenv(name);
+  // Choices are checked by checkEnvironment (shoal_comm_init), not here: the logger reads
+  // SHOAL_LOG_LEVEL from any thread, where an exception would end the process.
   return (value != nullptr && value[0] != '\0') ? std::string(value) : std::string(v.defaultValue);
 }
 
 long long getInt(const char* name) {
+  const Variable& v = find(name);
   std::string text = getString(name);
-  errno = 0;
-  char* end = nullptr;
-  long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || *end != '\0')
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not an integer; set it to a whole number", name, text);
-  return value;
+  if (v.kind == Kind::Integer) return parseWhole(v, text);
+  // A row without a kind (kind Text): any whole number; give it a kind and range to check more.
+  Variable any{v.name, "", "", Kind::Integer, -9.2e18, 9.2e18};
+  return parseWhole(any, text);
 }
 
 double getDouble(const char* name) {
+  const Variable& v = find(name);
   std::string text = getString(name);
-  errno = 0;
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || errno != 0 || *end != '\0')
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}='{}' is not a number; set it to e.g. 30 or 0.5", name, text);
-  return value;
+  if (v.kind == Kind::Number) return parseDecimal(v, text);
+  Variable any{v.name, "", "", Kind::Number, -1.7e308, 1.7e308};  // a row without a kind: any finite number
+  return parseDecimal(any, text);
 }
 
 bool getBool(const char* name) {
@@ -90,9 +201,10 @@ bool getBool(const char* name) {
 
 void print(std::FILE* out, bool markdown) {
   if (markdown) {
-    std::fprintf(out, "| Variable | Default | Meaning |\n|---|---|---|\n");
+    std::fprintf(out, "| Variable | Default | Values | Meaning |\n|---|---|---|---|\n");
     for (const Variable& v : table())
-      std::fprintf(out, "| `%s` | %s | %s |\n", v.name, v.defaultValue[0] ? v.defaultValue : "(unset)", v.help);
+      std::fprintf(out, "| `%s` | %s | %s | %s |\n", v.name, v.defaultValue[0] ? v.defaultValue : "(unset)",
+                   describeRange(v).c_str(), v.help);
     return;
   }
   for (const Variable& v : table()) {

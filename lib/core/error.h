@@ -30,10 +30,11 @@ template <typename... Args>
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-// Clamped to 0 .. 1e9 s (31 years): the clock's range ends near 292 years,
-// and a later deadline would wrap into the past.
+// Saturates: a huge (or infinite) number of seconds is the farthest representable
+// time, not an overflow into the past that would make every wait fail at once.
 inline Deadline deadlineAfter(double seconds) {
-  if (!(seconds < 1e9)) seconds = 1e9;
+  constexpr double kFarthest = 1e9;  // about 31 years; far below the clock's range
+  if (!(seconds < kFarthest)) seconds = seconds != seconds ? 0 : kFarthest;  // NaN: now
   if (!(seconds > 0)) seconds = 0;
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }

@@ -86,7 +86,9 @@ class Transport {
   virtual bool failed() const = 0;
   // Bytes handed to isend so far (what this rank put on the wire).
   virtual uint64_t bytesSent() const = 0;
-  virtual const std::string& failure() const = 0;
+  // Why the transport failed ("" while healthy). A copy: the engine thread may
+  // fail the transport while the caller's thread reads this.
+  virtual std::string failure() const = 0;
   // What the backend chose to reach `peer` (for diagnostics), e.g.
   // "shared memory (posix/memory, cma/memory), same host".
   virtual std::string describePeer(int peer) const { return peer == rank() ? "self" : "unknown"; }

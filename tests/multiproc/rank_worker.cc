@@ -11,6 +11,22 @@
 //       (_exit(9), or SIGKILL with "kill"); the others must get an error.
 //   rank_worker stall-mid-allreduce R
 //       like die-, but rank R stops calling (sleeps) instead of dying.
+//   rank_worker cycles N
+//       creates, checks (one allreduce) and destroys a communicator N times.
+//   rank_worker two-comms
+//       two communicators alive at once, used in turn, destroyed in creation order.
+//   rank_worker fault COLLECTIVE R kill|stop
+//       loops COLLECTIVE (allreduce, allgather, broadcast, reduce_scatter) on
+//       1M floats; rank R SIGKILLs or SIGSTOPs itself before iteration 3, first
+//       printing "fault at T" (T: CLOCK_REALTIME seconds); the others print
+//       "detected at T: <error>" (tests/multiproc/fault_matrix.sh).
+//   rank_worker exhaust-fds
+//       rank 0 opens files until it runs out of descriptors (EMFILE), then
+//       allreduces while rank 1 joins 1.5 s late: rank 0's liveness checks of
+//       rank 1 then cannot open /proc/<pid>/stat, which must not read as death.
+//   rank_worker hold
+//       creates a communicator, prints "worker R: holding pid P" and sleeps (the
+//       test kills it, or its launcher's death does).
 //
 // Exit codes (kExit*): 0 all good, 2 usage or init failure, 3 a shoal call
 // returned an error (printed with shoal_last_error), 4 hung: still running
@@ -20,9 +36,12 @@
 // tests/CMakeLists.txt globs tests/multiproc/*.cc into gtest executables, so
 // ctest runs this program with --gtest_list_tests to discover tests: it then
 // prints nothing (no tests) and exits 0.
+#include <fcntl.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -153,10 +172,126 @@ int runFailure(int rank, int size, int victim, bool dies, bool bySignal) {
   return kExitOk;
 }
 
+// One small allreduce on comm with an exact result: sum over ranks of (rank + 1) * (i + salt).
+int checkedAllreduce(shoal_comm_t comm, int rank, int size, int salt, const char* what) {
+  std::vector<int64_t> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = (rank + 1) * static_cast<int64_t>(i + salt);
+  check(shoal_allreduce(comm, values.data(), values.data(), values.size(), SHOAL_I64, SHOAL_SUM), what);
+  for (size_t i = 0; i < values.size(); ++i) {
+    int64_t expected = static_cast<int64_t>(size) * (size + 1) / 2 * static_cast<int64_t>(i + salt);
+    if (values[i] != expected) wrong(what, i, std::to_string(values[i]), std::to_string(expected));
+  }
+  return kExitOk;
+}
+
+shoal_comm_t initOrExit(const char* what) {
+  shoal_comm_t comm = nullptr;
+  shoal_status_t status = shoal_comm_init(&comm);
+  if (status != SHOAL_OK) {
+    std::fprintf(stderr, "worker %d: %s: shoal_comm_init failed: %s: %s\n", gRank, what, shoal_status_string(status),
+                 shoal_last_error(nullptr));
+    std::exit(kExitShoalError);
+  }
+  return comm;
+}
+
+int runCycles(int cycles) {
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    char what[64];
+    std::snprintf(what, sizeof what, "cycle %d", cycle);
+    gComm = initOrExit(what);
+    int size = 0;
+    check(shoal_comm_rank(gComm, &gRank), "shoal_comm_rank");
+    check(shoal_comm_size(gComm, &size), "shoal_comm_size");
+    checkedAllreduce(gComm, gRank, size, cycle, what);
+    check(shoal_comm_destroy(gComm), "shoal_comm_destroy");
+    gComm = nullptr;
+  }
+  std::printf("worker %d: %d cycles succeeded\n", gRank, cycles);
+  return kExitOk;
+}
+
+int runTwoComms() {
+  shoal_comm_t first = initOrExit("first communicator");
+  shoal_comm_t second = initOrExit("second communicator");
+  int size = 0;
+  gComm = first;
+  check(shoal_comm_rank(first, &gRank), "shoal_comm_rank");
+  check(shoal_comm_size(first, &size), "shoal_comm_size");
+  for (int step = 0; step < 20; ++step) {
+    gComm = step % 2 ? second : first;
+    checkedAllreduce(gComm, gRank, size, step, step % 2 ? "allreduce on the second" : "allreduce on the first");
+  }
+  gComm = first;
+  check(shoal_comm_destroy(first), "shoal_comm_destroy(first)");
+  gComm = second;
+  checkedAllreduce(second, gRank, size, 99, "allreduce on the second after the first was destroyed");
+  check(shoal_comm_destroy(second), "shoal_comm_destroy(second)");
+  gComm = nullptr;
+  std::printf("worker %d: two communicators succeeded\n", gRank);
+  return kExitOk;
+}
+
+int usage(const char* why);
+
+double wallClock() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+int runFault(int rank, int size, const std::string& collective, int victim, bool kill) {
+  const size_t count = 1 << 20;
+  std::vector<float> in(count * static_cast<size_t>(size), 1.0f), out(count * static_cast<size_t>(size));
+  for (int iteration = 0; iteration < 1000; ++iteration) {
+    if (rank == victim && iteration == 3) {
+      std::printf("worker %d: fault at %.6f\n", rank, wallClock());
+      std::fflush(stdout);
+      raise(kill ? SIGKILL : SIGSTOP);
+      for (;;) pause();
+    }
+    shoal_status_t status = SHOAL_OK;
+    if (collective == "allreduce")
+      status = shoal_allreduce(gComm, in.data(), out.data(), count, SHOAL_F32, SHOAL_SUM);
+    else if (collective == "allgather")
+      status = shoal_allgather(gComm, in.data(), out.data(), count, SHOAL_F32);
+    else if (collective == "broadcast")
+      status = shoal_broadcast(gComm, in.data(), out.data(), count, SHOAL_F32, 0);
+    else if (collective == "reduce_scatter")
+      status = shoal_reduce_scatter(gComm, in.data(), out.data(), count, SHOAL_F32, SHOAL_SUM);
+    else
+      return usage("unknown collective");
+    if (status != SHOAL_OK) {
+      std::printf("worker %d: detected at %.6f: %s: %s\n", rank, wallClock(), shoal_status_string(status),
+                  shoal_last_error(gComm));
+      std::fflush(stdout);
+      shoal_comm_destroy(gComm);
+      std::exit(kExitShoalError);
+    }
+  }
+  std::printf("worker %d: never detected the fault\n", rank);
+  return kExitOk;
+}
+
+int runExhaustFds(int rank, int size) {
+  std::vector<int> hoard;
+  if (rank == 0) {
+    for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hoard.push_back(fd);
+    std::printf("worker 0: holding %zu descriptors, the last open failed: %s\n", hoard.size(), std::strerror(errno));
+  } else {
+    usleep(1500 * 1000);
+  }
+  for (int step = 0; step < 3; ++step) checkedAllreduce(gComm, rank, size, step, "allreduce while out of descriptors");
+  for (int fd : hoard) close(fd);
+  check(shoal_barrier(gComm), "barrier");
+  std::printf("worker %d: exhaust-fds succeeded\n", rank);
+  return kExitOk;
+}
+
 int usage(const char* why) {
   std::fprintf(stderr,
                "rank_worker: %s\nusage: rank_worker success | die-mid-allreduce RANK [exit|kill] | "
-               "stall-mid-allreduce RANK\n",
+               "stall-mid-allreduce RANK | cycles N | two-comms | hold\n",
                why);
   return kExitUsage;
 }
@@ -173,7 +308,12 @@ int main(int argc, char** argv) {
     if (argc < 3) return usage("the mode needs the rank that fails");
     victim = std::atoi(argv[2]);
     if (argc >= 4) bySignal = std::strcmp(argv[3], "kill") == 0;
-  } else if (mode != "success") {
+  } else if (mode == "fault") {
+    if (argc < 5) return usage("fault needs COLLECTIVE RANK kill|stop");
+  } else if (mode == "cycles") {
+    if (argc < 3) return usage("the mode needs a number of cycles");
+  } else if (mode != "success" && mode != "two-comms" && mode != "hold" &&
+             mode != "exhaust-fds") {
     return usage("unknown mode");
   }
 
@@ -182,6 +322,9 @@ int main(int argc, char** argv) {
   signal(SIGALRM, onAlarm);
   alarm(static_cast<unsigned>(3 * (timeout > 0 ? timeout : 300)) + 1);
 
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "cycles") return runCycles(std::atoi(argv[2]));
+  if (mode == "two-comms") return runTwoComms();
   shoal_status_t status = shoal_comm_init(&gComm);
   if (status != SHOAL_OK) {
     std::fprintf(stderr, "worker ?: shoal_comm_init failed: %s: %s\n", shoal_status_string(status),
@@ -191,8 +334,17 @@ int main(int argc, char** argv) {
   int size = 0;
   check(shoal_comm_rank(gComm, &gRank), "shoal_comm_rank");
   check(shoal_comm_size(gComm, &size), "shoal_comm_size");
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "hold") {
+    std::printf("worker %d: holding pid %d\n", gRank, static_cast<int>(getpid()));
+    for (;;) pause();
+  }
 
+  if (mode == "exhaust-fds") {
+    int code = runExhaustFds(gRank, size);
+    check(shoal_comm_destroy(gComm), "shoal_comm_destroy");
+    return code;
+  }
+  if (mode == "fault") return runFault(gRank, size, argv[2], std::atoi(argv[3]), std::strcmp(argv[4], "kill") == 0);
   int code = mode == "success" ? runSuccess(gRank, size)
                                : runFailure(gRank, size, victim, mode == "die-mid-allreduce", bySignal);
   check(shoal_comm_destroy(gComm), "shoal_comm_destroy");

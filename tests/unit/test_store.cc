@@ -1,6 +1,8 @@
 // Store backends: threads act as ranks on memory, file and tcp stores.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -341,32 +343,160 @@ TEST_F(TcpStoreTest, ClientWaitsForALateServer) {
   EXPECT_EQ(text(server->get("k", deadlineAfter(1))), "v");
 }
 
+// A raw TCP connection to port on loopback (-1 when refused).
+int rawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int listenRaw(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(listen(fd, 16), 0);
+  return fd;
+}
+
+int portOf(const std::string& url) { return std::stoi(url.substr(url.rfind(':') + 1)); }
+
+// Rank 0's process going away (emulated by a fake server that accepts the handshake, then
+// closes everything) wakes a waiting client at once, and later calls fail fast.
 TEST_F(TcpStoreTest, ServerGoingAwayWakesAWaitingClient) {
-  auto server = openStore(url_, 0, 2);
-  auto client = openStore(url_, 1, 2);
+  int listener = listenRaw(portOf(url_));
   Clock::time_point stopped;
-  std::thread stopper([&] {
+  std::thread fake([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    uint8_t hello[4096];
+    EXPECT_GT(recv(fd, hello, sizeof hello, 0), 0);
+    const uint8_t ok[] = {1, 0, 0, 0, 0};  // a frame of one byte: status OK
+    EXPECT_EQ(send(fd, ok, sizeof ok, MSG_NOSIGNAL), 5);
     std::this_thread::sleep_for(200ms);
-    server.reset();
+    close(fd);
+    close(listener);
     stopped = Clock::now();
   });
+  auto client = openStore(url_, 1, 2);
   Error e = errorFrom([&] { client->get("never", deadlineAfter(10)); });
   Clock::time_point failed = Clock::now();
-  stopper.join();
+  fake.join();
   EXPECT_EQ(e.status(), SHOAL_ERR_REMOTE) << e.what();
   // The closed connection wakes the client at once, not when its current wait slice ends.
   EXPECT_LT(std::chrono::duration<double>(failed - stopped).count(), 0.4);
-  // Later calls fail fast too instead of retrying for the whole timeout.
   Clock::time_point start = Clock::now();
   EXPECT_EQ(errorFrom([&] { client->set("k", bytes("v")); }).status(), SHOAL_ERR_REMOTE);
   EXPECT_LT(since(start), 1.0);
 }
 
 TEST_F(TcpStoreTest, PortInUseIsASystemError) {
-  auto first = openStore(url_, 0, 2);
+  int other = listenRaw(portOf(url_));  // another process's service, as far as the store can tell
   Error e = errorFrom([&] { openStore(url_, 0, 2); });
   EXPECT_EQ(e.status(), SHOAL_ERR_SYSTEM) << e.what();
   EXPECT_TRUE(contains(e.what(), "SHOAL_STORE")) << e.what();
+  close(other);
+}
+
+// Several communicators of one process on one tcp store: rank 0's stores share one server.
+TEST_F(TcpStoreTest, SecondStoreOnTheSamePortSharesTheServer) {
+  auto first = openStore(url_, 0, 2);
+  auto second = openStore(url_, 0, 2);
+  auto client = openStore(url_, 1, 2);
+  first->set("a", bytes("1"));
+  EXPECT_EQ(text(second->get("a", deadlineAfter(1))), "1");
+  EXPECT_EQ(text(client->get("a", deadlineAfter(1))), "1");
+  first.reset();  // the server stays for the others
+  client->set("b", bytes("2"));
+  EXPECT_EQ(text(second->get("b", deadlineAfter(1))), "2");
+  // Another job's token on a port this process serves is refused while the server is in use.
+  EXPECT_EQ(errorFrom([&] { openStore(url_, 0, 2, "another-job"); }).status(), SHOAL_ERR_INVALID_ARGUMENT);
+}
+
+// Create and destroy stores the way create/destroy cycles of communicators do, ranks racing:
+// a client that connected to rank 0's server just before rank 0 let go of it keeps working.
+TEST_F(TcpStoreTest, CreateDestroyCyclesNeverLoseTheConnection) {
+  constexpr int kCycles = 100;
+  runRanks(
+      [&](int rank) {
+        for (int cycle = 0; cycle < kCycles; ++cycle) {
+          auto store = openStore(url_, rank, 2);
+          std::string key = "c" + std::to_string(cycle) + "/";
+          store->set(key + std::to_string(rank), bytes("x"));
+          store->wait({key + "0", key + "1"}, deadlineAfter(5));
+          store->add(key + "done", 1);
+        }
+      },
+      2);
+}
+
+// After everyone lets go, the server stops and frees the port (after kIdleLinger).
+TEST_F(TcpStoreTest, AnUnusedServerFreesThePort) {
+  { auto store = openStore(url_, 0, 1); }
+  Clock::time_point released = Clock::now();
+  int fd = -1;
+  while ((fd = rawConnect(portOf(url_))) >= 0 && since(released) < 5) {
+    close(fd);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_LT(fd, 0) << "the port still accepts connections 5 s after the last user left";
+  EXPECT_GE(since(released), 0.9);  // kIdleLinger: it did not stop at once
+  if (fd >= 0) close(fd);
+}
+
+TEST_F(TcpStoreTest, AConnectionThatNeverSendsIsClosedAfterTheHandshakeDeadline) {
+  auto server = openStore(url_, 0, 1);
+  int fd = rawConnect(portOf(url_));
+  ASSERT_GE(fd, 0);
+  Clock::time_point start = Clock::now();
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 9000), 1) << "still open after 9 s";
+  char byte;
+  EXPECT_LE(recv(fd, &byte, 1, 0), 0);  // closed: EOF or reset
+  EXPECT_GE(since(start), 4.5);
+  EXPECT_LT(since(start), 7.0);
+  close(fd);
+}
+
+// 1,100 connections that never present the token: the server keeps at most kMaxUnverified of
+// them (so it never runs out of descriptors), a real rank still gets in, and the log stays short.
+TEST_F(TcpStoreTest, AFloodOfSilentConnectionsCannotStopTheStore) {
+  constexpr int kFlood = 1100;
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_cur < 3 * kFlood) {
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 3 * kFlood);
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+  ASSERT_GE(limit.rlim_cur, rlim_t{2 * kFlood + 200}) << "this test needs " << 2 * kFlood + 200 << " descriptors";
+  auto server = openStore(url_, 0, 2);
+  ::testing::internal::CaptureStderr();
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    int fd = rawConnect(portOf(url_));
+    if (fd >= 0) flood.push_back(fd);
+  }
+  auto client = openStore(url_, 1, 2);
+  client->set("k", bytes("v"));
+  EXPECT_EQ(text(server->get("k", deadlineAfter(2))), "v");
+  // Our own descriptors: the flood's client ends plus what the server still holds open.
+  std::this_thread::sleep_for(300ms);
+  size_t open = std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator());
+  EXPECT_LT(open, flood.size() + 64 + 40) << "the server holds more than 64 unverified connections";
+  for (int fd : flood) close(fd);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(flood.size(), size_t{kFlood});
+  EXPECT_LE(std::count(log.begin(), log.end(), '\n'), 6) << log;  // kWarnBurst lines, then counting
 }
 
 // Port scanners and crashed peers must not take the server down.
@@ -374,12 +504,8 @@ TEST_F(TcpStoreTest, ServerSurvivesGarbageAndAbruptPeers) {
   auto server = openStore(url_, 0, 2);
   int port = std::stoi(url_.substr(url_.rfind(':') + 1));
   auto rawConnect = [&] {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    int fd = shoal::rawConnect(port);
+    EXPECT_GE(fd, 0);
     return fd;
   };
   const char http[] = "GET / HTTP/1.0\r\n\r\n";

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,7 +333,11 @@ struct LaunchSettings {
 
 // Runs in the forked child, up to execvp. The parent is single-threaded, so setenv is safe here.
 [[noreturn]] void execRank(const LaunchSettings& settings, int rankIndex, int stdoutFd, int stderrFd, int reportFd,
-                           const std::vector<std::string>& command) {
+                           const std::vector<std::string>& command, pid_t launcher) {
+  // A rank dies with shoalrun, even when shoalrun is SIGKILLed and cannot stop it: an orphan would run on
+  // and hold the store's port. (The setting survives exec; shoalrun is single-threaded, so "the thread
+  // that forked" is shoalrun itself.) If shoalrun died before prctl took effect, exit now.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(kCannotRunExit);
   for (int signalNumber : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(signalNumber, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
@@ -389,13 +394,14 @@ StartFailure startRank(const LaunchSettings& settings, const std::vector<std::st
   }
   auto& [stdoutPipe, stderrPipe, reportPipe] = pipes;
 
+  pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     int error = errno;
     closeAll();
     return {error, false};
   }
-  if (pid == 0) execRank(settings, rank.index, stdoutPipe[1], stderrPipe[1], reportPipe[1], command);
+  if (pid == 0) execRank(settings, rank.index, stdoutPipe[1], stderrPipe[1], reportPipe[1], command, launcher);
 
   setpgid(pid, pid);  // also here, so the group exists before we might signal it
   rank.pid = pid;

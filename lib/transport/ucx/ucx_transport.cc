@@ -18,16 +18,21 @@
 // becomes SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that
 // fails sends an abort notice to all peers so they fail at once, not at their
 // deadline.
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -63,16 +68,27 @@ std::string hostIdentity() {
                      static_cast<unsigned long>(netNamespace.st_ino));
 }
 
-// False once the process has exited (gone, or a zombie not yet reaped).
+// False once the process has exited (gone, or a zombie not yet reaped). Only
+// an answer from the kernel counts as "gone": when this process cannot open
+// /proc/<pid>/stat for lack of descriptors (EMFILE, ENFILE: a flood of
+// connections, say) or memory, the peer is taken to be alive, and the
+// collective's deadline still bounds the wait.
 bool processAlive(long pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pidField, command, state;
-  if (!(stat >> pidField)) return false;
-  // The command is in parentheses and may contain spaces: skip to the last ')'.
-  std::string rest((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t close = rest.rfind(')');
-  if (close == std::string::npos || close + 2 >= rest.size()) return false;
-  char stateChar = rest[close + 2];
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ESRCH) return false;
+    return !(kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+  }
+  char text[512];
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return n < 0 && errno != ESRCH;  // an exited process's stat reads empty or ESRCH
+  std::string_view fields(text, static_cast<size_t>(n));
+  // The command is in parentheses and may contain spaces: the state follows the last ')'.
+  size_t paren = fields.rfind(')');
+  if (paren == std::string_view::npos || paren + 2 >= fields.size()) return true;  // cut short: not proof of death
+  char stateChar = fields[paren + 2];
   return stateChar != 'Z' && stateChar != 'X';
 }
 
@@ -89,9 +105,12 @@ class UcxTransport final : public Transport {
   void waitAll(Request* requests, size_t count, Deadline deadline) override;
   void abort(const std::string& reason, shoal_status_t status = SHOAL_ERR_REMOTE) override;
   void checkNotAborted() override;
-  bool failed() const override { return !failure_.empty(); }
+  bool failed() const override { return failedFlag_.load(std::memory_order_acquire); }
   uint64_t bytesSent() const override { return bytesSent_; }
-  const std::string& failure() const override { return failure_; }
+  std::string failure() const override {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    return failure_;
+  }
   std::string describePeer(int peer) const override;  // defined at the end of this file
 
  private:
@@ -114,6 +133,8 @@ class UcxTransport final : public Transport {
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
   void idle(Clock::time_point idleSince);
+  // Records the first failure only; returns whether this call recorded it.
+  bool recordFailure(shoal_status_t status, const std::string& text);
 
   // Idle polls spin spinRounds_ times, then yield for kYieldPhaseMs, then sleep
   // on the event fd in slices of kEventWaitMs (deadlines and peer liveness are
@@ -136,6 +157,12 @@ class UcxTransport final : public Transport {
   std::vector<ucs_status_t> peerStatus_;  // written by onEndpointError
   std::vector<long> localPeerPid_;        // same-host peers' pids, 0 for remote peers and self
   Clock::time_point nextLivenessCheck_{};
+  // The failure is written by whichever thread drives the transport (the
+  // engine's, for async calls) and read by any caller thread (usableComm,
+  // shoal_iallreduce): guarded by failureMutex_, with failedFlag_ for the
+  // lock-free fast check.
+  mutable std::mutex failureMutex_;
+  std::atomic<bool> failedFlag_{false};
   std::string failure_;
   shoal_status_t failureStatus_ = SHOAL_OK;
   bool peerAborted_ = false;  // the failure came from a peer's abort notice: no need to tell the peers
@@ -185,6 +212,11 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   //   rate (as Gloo does; bench/netns, docs/benchmarks.md).
   if (std::getenv("UCX_RNDV_THRESH") == nullptr)
     ucp_config_modify(config, "RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
+  // Listening: UCX's TCP transport listens on every network device it uses. When every peer is
+  // on this host (and network namespace), the only device the job needs is loopback, so a
+  // one-host job is not reachable from the network. Jobs spanning hosts keep UCX's choice. A
+  // user's UCX_NET_DEVICES (or UCX_TCP_* settings read by UCX itself) always wins.
+  if (!anyRemotePeer && std::getenv("UCX_NET_DEVICES") == nullptr) ucp_config_modify(config, "NET_DEVICES", "lo");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -275,7 +307,18 @@ void UcxTransport::postAbortReceive() {
 }
 
 void UcxTransport::checkUsable() const {
-  if (failed()) throw Error(failureStatus_, failure_);
+  if (!failed()) return;
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  throw Error(failureStatus_, failure_);
+}
+
+bool UcxTransport::recordFailure(shoal_status_t status, const std::string& text) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failedFlag_.load(std::memory_order_relaxed)) return false;
+  failure_ = text;
+  failureStatus_ = status;
+  failedFlag_.store(true, std::memory_order_release);
+  return true;
 }
 
 Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
@@ -544,19 +587,12 @@ void UcxTransport::cancelPending(Request* requests, size_t count) {
 void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                             bool notifyPeers) {
   cancelPending(requests, count);
-  if (!failed()) {
-    failure_ = text;
-    failureStatus_ = status;
-    if (notifyPeers) abort(text, status);
-  }
+  if (recordFailure(status, text) && notifyPeers) abort(text, status);
   throw Error(status, text);
 }
 
 void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
-  if (failure_.empty()) {
-    failure_ = "the communicator was aborted: " + reason;
-    failureStatus_ = SHOAL_ERR_REMOTE;
-  }
+  recordFailure(SHOAL_ERR_REMOTE, "the communicator was aborted: " + reason);
   // The peers learn the status (MISMATCH or REMOTE) and the reason.
   abortOutbox_ = fmt::format("{} {}", static_cast<int>(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE),
                              reason).substr(0, kAbortMessageBytes - 1);
