@@ -11,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
 )
+# The sanitizer and fuzz configurations (scripts/test_sanitizers.sh, test_fuzz.sh): clang with libFuzzer.
+packages+=(clang libclang-rt-dev)
 
 # The peers benchmark (bench/peers/) also needs Gloo and Open MPI; bench/netns needs
 # iproute2 (ip, tc) and gnuplot for its plots.
