@@ -113,7 +113,9 @@ TEST(PayloadValidation, SketchStatisticsOutOfRange) {
       {2, 7},                  // nonfinite is 0 or 1
       {0, 200 - 149},          // top 2^-149: below this rank's own values (the MAX covers every rank's)
   };
-  for (const auto& [index, value] : corruptions) {
+  for (const auto& corruption : corruptions) {
+    const int index = corruption.first;
+    const uint64_t value = corruption.second;
     for (const Options& options : {Options{}, Options{{"values", "sketch"}}, Options{{"ratio", "2"}}}) {
       Lockstep run(shoal::compressors::sketch(), 2);
       auto status = runSketch(run, {options, 200, 2}, [&](Delivered& d) {
