@@ -258,7 +258,7 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
       if (outOk) {
         checkElements(what, t, recv.data(), c.count, [&](size_t i) { return expected[i]; });
         EXPECT_TRUE(send == input) << what << ": sendbuf was modified";
-        EXPECT_EQ(std::memcmp(recv.data(), rank0Out, bytes), 0) << what << ": result differs from rank 0's";
+        EXPECT_TRUE(bytes == 0 || std::memcmp(recv.data(), rank0Out, bytes) == 0) << what << ": result differs from rank 0's";
       }
 
       what = caseName("allreduce", t, opName(c.op), c.count, true, rank);
@@ -356,7 +356,7 @@ TEST_P(Collectives, Allgather) {
       send.resize(block);
       for (size_t i = 0; i < count; ++i) storeBits(send.data(), i, t.bytes, gatherBits(t, rank, i));
       const std::vector<uint8_t> input = send;
-      auto expected = [&](size_t i) { return gatherBits(t, static_cast<int>(i / count), i % count); };
+      auto expected = [&, count = count](size_t i) { return gatherBits(t, static_cast<int>(i / count), i % count); };
 
       std::string what = caseName("allgather", t, "-", count, false, rank);
       recv.assign(block * n, 0xa5);
