@@ -268,7 +268,7 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
       barrier.wait();
       if (inOk) {
         checkElements(what, t, send.data(), c.count, [&](size_t i) { return expected[i]; });
-        EXPECT_EQ(std::memcmp(send.data(), rank0In, bytes), 0) << what << ": result differs from rank 0's";
+        EXPECT_TRUE(bytes == 0 || std::memcmp(send.data(), rank0In, bytes) == 0) << what << ": result differs from rank 0's";
       }
     }
     barrier.wait();
@@ -304,7 +304,7 @@ TEST_P(CollectivesAllAlgorithms, AllreduceInexactFloatsAreBitIdenticalAcrossRank
       if (rank == 0) rank0 = buffer.data();
       barrier.wait();
       if (!ok) continue;
-      EXPECT_EQ(std::memcmp(buffer.data(), rank0, buffer.size()), 0) << what << ": result differs from rank 0's";
+      EXPECT_TRUE(buffer.empty() || std::memcmp(buffer.data(), rank0, buffer.size()) == 0) << what << ": result differs from rank 0's";
       if (rank != 0) continue;  // the others match rank 0 bit for bit
       // Each of the n-1 combining steps and the final division round once by at most
       // half an ulp of a partial result bounded by sum |x|.
