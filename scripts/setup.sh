@@ -12,6 +12,8 @@ packages=(
   python3
   python3-numpy python3-pytest python3-torch python3-sklearn python3-venv
 )
+# The sanitizer and fuzz configurations (scripts/test_sanitizers.sh, test_fuzz.sh): clang with libFuzzer.
+packages+=(clang libclang-rt-dev)
 
 # The peers benchmark (bench/peers/) also needs Gloo and Open MPI; bench/netns needs
 # iproute2 (ip, tc) and gnuplot for its plots.

@@ -5,6 +5,7 @@
 #include "collectives/common/element_ops.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -28,7 +29,11 @@ __attribute__((target("avx2,f16c"))) void floatToHalfF16c(const float* in, uint1
 }
 
 bool hasF16c() {
-  static const bool supported = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+  static const bool supported = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0 && __builtin_cpu_supports("avx2");
+  }();
   return supported;
 }
 #endif

@@ -216,8 +216,11 @@ static void local_maxima(const qint8_instance_t *self, const shoal_compress_op_t
 
 static int finite_positive(float m) { return m > 0.0f && isfinite(m); }
 
-/* Round 1: codes from the shared block maxima. */
-static void quantize(const qint8_instance_t *self, const shoal_compress_op_t *op, qint8_op_state_t *state) {
+/* Round 1: codes from the shared block maxima. The maxima came from the
+ * peers: a block maximum below this rank's own |x| was not made by the MAX
+ * (it would also scale |x| past the int64 range), so it is refused with text
+ * instead of quantized. Returns 0, or the tensor whose block is malformed + 1. */
+static int quantize(const qint8_instance_t *self, const shoal_compress_op_t *op, qint8_op_state_t *state) {
   size_t b = 0, offset = 0;
   const int64_t levels = state->levels;
   for (int t = 0; t < op->num_tensors; ++t) {
@@ -230,6 +233,8 @@ static void quantize(const qint8_instance_t *self, const shoal_compress_op_t *op
        * and its NaN or inf inputs are never converted to integers. */
       int usable = finite_positive(m);
       double inverse = usable ? (double)levels / (double)m : 0.0;
+      for (size_t i = begin; usable && i < end; ++i)
+        if (!(fabsf(x[i]) <= m)) return t + 1;
       for (size_t i = begin; i < end; ++i) {
         int64_t q = usable ? round_half_away((double)x[i] * inverse) : 0;
         if (q > levels) q = levels; /* |x| <= m, so only rounding of the product gets here */
@@ -240,6 +245,7 @@ static void quantize(const qint8_instance_t *self, const shoal_compress_op_t *op
     }
     offset += count;
   }
+  return 0;
 }
 
 /* Round 2: out = S * M_b / L (/ n for avg). */
@@ -298,12 +304,20 @@ static shoal_status_t qint8_round(void *instance, void *op_state, shoal_compress
       round->num_payloads = 1;
       round->payloads[0] = allreduce_payload(SHOAL_F32, SHOAL_MAX, state->scales, state->total_blocks);
       return SHOAL_OK;
-    case 1:
-      quantize(self, op, state);
+    case 1: {
+      int bad = quantize(self, op, state);
+      if (bad) {
+        set_error(op->error_text, op->error_text_size,
+                  "qint8: malformed payload after round 0, tensor %d: a block maximum is below this rank's own "
+                  "|x| (a rank sent corrupted data)",
+                  bad - 1);
+        return SHOAL_ERR_INTERNAL;
+      }
       round->num_payloads = 1;
       /* SUM, also for SHOAL_AVG: integer avg would truncate; we divide on decode. */
       round->payloads[0] = allreduce_payload(state->code_dtype, SHOAL_SUM, state->codes, state->total_count);
       return SHOAL_OK;
+    }
     case 2:
       dequantize(self, op, state);
       round->num_payloads = 0;

@@ -125,6 +125,9 @@ struct TensorPlan {
   BloomGeometry bloom;
   bool anyFinite = false, nonfinite = false;
   int Q = 0, T = 0, L = 63, K = 0;
+  // This rank's own round-0 statistics: the agreed (MAX-ed) ones must cover them.
+  bool localAny = false, localNonfinite = false;
+  int localTop = 0, localLowest = 0;
   Mode mode = Mode::None;
   std::vector<uint64_t> members;  // U, ascending
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
@@ -311,6 +314,10 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
       top = std::max(top, p.top);
       lowest = std::min(lowest, p.lowest);
     }
+    plan.localAny = any;
+    plan.localNonfinite = nonfinite;
+    plan.localTop = top;
+    plan.localLowest = lowest;
     uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     w[0] = any ? uint64_t(top + 200) : 0;
     w[1] = any ? uint64_t(200 - lowest) : 0;
@@ -349,22 +356,63 @@ void encodeLeftovers(TensorPlan& plan, const float* x, uint64_t* base) {
   }
 }
 
+// A received payload that no honest set of ranks can produce: refused with
+// text on every rank (every rank reads the same reduced bytes, so every rank
+// refuses alike), never decoded into reads or writes out of bounds.
+shoal_status_t malformed(shoal_compress_op_t* op, int round, int t, const char* what, const char* why) {
+  writeText(op->error_text, op->error_text_size,
+            "sketch: malformed payload after round %d, tensor %d: %s: %s (a rank sent corrupted data, or it runs "
+            "a different shoal)",
+            round, t, what, why);
+  return SHOAL_ERR_INTERNAL;
+}
+
+// Checks the agreed scale against this rank's own statistics: the MAX of
+// every rank's words is at least this rank's, so a scale that does not cover
+// this rank's values was not made by the MAX (its values would not fit the
+// limbs).
+bool coversLocal(const TensorPlan& plan, char* why, size_t whySize) {
+  if (plan.localNonfinite && !plan.nonfinite) {
+    std::snprintf(why, whySize, "this rank holds an Inf or NaN but the agreed nonfinite word is 0");
+    return false;
+  }
+  if (plan.localAny && (!plan.anyFinite || plan.T < plan.localTop || plan.Q > plan.localLowest)) {
+    std::snprintf(why, whySize, "the agreed scale [2^%d, 2^%d] does not cover this rank's values [2^%d, 2^%d]",
+                  plan.Q, plan.T, plan.localLowest, plan.localTop);
+    return false;
+  }
+  return true;
+}
+
 // After round 0: the union, the agreed scale, and in ratio mode whether the
-// pre-sized sketch holds every value (then it is peeled now).
+// pre-sized sketch holds every value (then it is peeled now). Every word read
+// here came from the peers: checked before it sizes or indexes anything.
 shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
-  const int c = ceilLog2(op->world_size);
+  char why[200];
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
     const uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
-    plan.anyFinite = w[0] != 0;
-    plan.nonfinite = w[2] != 0;
-    plan.T = int(w[0]) - 200;
-    plan.Q = 200 - int(w[1]);
-    plan.L = 63 - c;
-    plan.K = plan.anyFinite ? (plan.T - plan.Q + 1 + plan.L - 1) / plan.L : 0;
+    Scale scale;
+    if (!readScale(w, op->world_size, scale, why, sizeof why)) return malformed(op, 0, t, "statistics", why);
+    plan.anyFinite = scale.anyFinite;
+    plan.nonfinite = scale.nonfinite;
+    plan.T = scale.T;
+    plan.Q = scale.Q;
+    plan.L = scale.L;
+    plan.K = scale.K;
+    if (!coversLocal(plan, why, sizeof why)) return malformed(op, 0, t, "statistics", why);
     const uint64_t* bits = s.bitmap.data() + plan.wordOffset;
-    if (plan.bloom.words > 0) bloomMembers(bits, plan.count, plan.bloom, plan.members);
-    else bitmapMembers(bits, plan.count, plan.members);
+    if (plan.bloom.words > 0) {
+      bloomMembers(bits, plan.count, plan.bloom, plan.members);
+    } else {
+      // Bits past the tensor's count would name coordinates that do not exist.
+      const size_t tail = plan.count % 64;
+      if (tail != 0 && (bits[plan.words - 1] >> tail) != 0)
+        return malformed(op, 0, t, "index", "bits set past the tensor's count");
+      bitmapMembers(bits, plan.count, plan.members);
+    }
+    if (!plan.members.empty() && !plan.anyFinite && !plan.nonfinite)
+      return malformed(op, 0, t, "index", "members in the union but no rank holds a nonzero value");
     if (!plan.presized) continue;
     if (plan.anyFinite) inst.lastScale[{t, plan.count}] = {plan.T, plan.Q};
     const bool agreed = w[4] == ~w[3];
@@ -376,9 +424,7 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
     plan.K = plan.Kg;
     if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
                     s.presized.data() + plan.presizedOffset, plan.limbs, plan.leftover)) {
-      writeText(op->error_text, op->error_text_size,
-                "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
-      return SHOAL_ERR_INTERNAL;
+      return malformed(op, 0, t, "pre-sized sketch", "a cell is not zero once every member is peeled");
     }
   }
   return SHOAL_OK;
@@ -591,9 +637,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
                                        s.values.data() + plan.valueOffset, plan.limbs, plan.leftover);
       if (plan.floatCells) plan.limbs.assign(size_t(plan.K) * plan.members.size(), 0);  // the leftovers' limbs
       if (!ok) {
-        writeText(op->error_text, op->error_text_size,
-                  "sketch: peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
-        return SHOAL_ERR_INTERNAL;
+        return malformed(op, 1, t, "sketch", "a cell is not zero once every member is peeled");
       }
       plan.leftoverOffset = leftoverWords;
       leftoverWords += size_t(plan.K) * plan.leftover.size();

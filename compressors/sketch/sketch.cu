@@ -105,7 +105,11 @@ __global__ void countMembersKernel(const uint64_t* words, size_t count, BloomGeo
   unsigned long long mine = 0;
   if (bloom.words == 0) {
     const size_t wordCount = (count + 63) / 64;
-    for (size_t k = threadIndex(); k < wordCount; k += threadCount()) mine += __popcll(words[k]);
+    // Bits of the last word past count name no coordinate (a corrupted index): not counted, as
+    // listMembers does not list them.
+    const uint64_t lastMask = count % 64 == 0 ? ~uint64_t(0) : (uint64_t(1) << (count % 64)) - 1;
+    for (size_t k = threadIndex(); k < wordCount; k += threadCount())
+      mine += __popcll(k + 1 == wordCount ? words[k] & lastMask : words[k]);
   } else {
     for (size_t i = threadIndex(); i < count; i += threadCount()) mine += bloomTest(words, i, bloom);
   }

@@ -49,6 +49,7 @@ struct DeviceState {
   size_t indexWords = 0, statsWords = 0, valueWords = 0, specialWords = 0, leftoverWords = 0, denseCount = 0;
   std::vector<void*> owned;  // released by deviceFinish
   int stage = 0;
+  bool malformed = false;  // a received payload failed its checks (the error text says which)
 };
 
 const float* inputOf(const shoal_compress_op_t* op, int t) {
@@ -69,6 +70,19 @@ struct Checker {
   }
 };
 
+// A received payload no honest set of ranks can produce (see sketch.cc): the
+// same text on every rank, since every rank reads the same reduced bytes.
+bool refuseMalformed(DeviceState& s, shoal_compress_op_t* op, Checker& check, int t, const char* what,
+                     const char* why) {
+  writeText(op->error_text, op->error_text_size,
+            "sketch (CUDA): malformed payload after round 0, tensor %d: %s: %s (a rank sent corrupted data, or it "
+            "runs a different shoal)",
+            t, what, why);
+  s.malformed = true;
+  check.ok = false;
+  return false;
+}
+
 template <class T>
 bool allocateOwned(DeviceState& s, Checker& check, T** pointer, size_t elements, const char* what) {
   void* raw = nullptr;
@@ -86,15 +100,21 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     return false;
   for (int t = 0; t < op->num_tensors; ++t) {
     DevicePlan& plan = s.plans[t];
+    // The statistics came from the peers: checked before they size anything.
     const uint64_t* w = stats.data() + 3 * size_t(t);
-    plan.anyFinite = w[0] != 0;
-    plan.nonfinite = w[2] != 0;
-    plan.T = int(w[0]) - 200;
-    plan.Q = 200 - int(w[1]);
-    plan.L = 63 - ceilLog2(n);
-    plan.K = plan.anyFinite ? (plan.T - plan.Q + 1 + plan.L - 1) / plan.L : 0;
+    Scale scale;
+    char why[200];
+    if (!readScale(w, n, scale, why, sizeof why)) return refuseMalformed(s, op, check, t, "statistics", why);
+    plan.anyFinite = scale.anyFinite;
+    plan.nonfinite = scale.nonfinite;
+    plan.T = scale.T;
+    plan.Q = scale.Q;
+    plan.L = scale.L;
+    plan.K = scale.K;
     const uint64_t* words = s.index + plan.wordOffset;
+    // countMembers counts only coordinates below count (index bits past it are ignored, never listed).
     if (!check(gpu::countMembers(words, plan.count, plan.bloom, &plan.u, s.stream), "counting the union")) return false;
+    if (plan.u > plan.count) return refuseMalformed(s, op, check, t, "index", "more members than coordinates");
     if (plan.u > 0) {
       if (!allocateOwned(s, check, &plan.members, plan.u, "allocating the union")) return false;
       if (!check(gpu::listMembers(words, plan.count, plan.bloom, plan.members, s.stream), "listing the union"))
@@ -182,7 +202,9 @@ bool peelSketches(DeviceState& s, shoal_compress_op_t* op, Checker& check) {
       return false;
     if (!certified) {
       writeText(op->error_text, op->error_text_size,
-                "sketch (CUDA): peeling certificate failed for tensor %d (nonzero residual cell): internal error", t);
+                "sketch (CUDA): malformed payload after round 1, tensor %d: sketch: a cell is not zero once every "
+                "member is peeled (a rank sent corrupted data, or it runs a different shoal)", t);
+      s.malformed = true;
       check.ok = false;
       return false;
     }
@@ -299,7 +321,7 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
     return SHOAL_OK;
   }
   if (s.stage == 0) {
-    if (!encodeValues(inst, s, op, check)) return SHOAL_ERR_SYSTEM;
+    if (!encodeValues(inst, s, op, check)) return s.malformed ? SHOAL_ERR_INTERNAL : SHOAL_ERR_SYSTEM;
     s.stage = 1;
     int np = 0;
     if (s.valueWords) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values, s.valueWords);
@@ -308,7 +330,7 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
   } else if (s.stage == 1) {
-    if (!peelSketches(s, op, check)) return SHOAL_ERR_SYSTEM;
+    if (!peelSketches(s, op, check)) return s.malformed ? SHOAL_ERR_INTERNAL : SHOAL_ERR_SYSTEM;
     s.stage = 2;
     if (s.leftoverWords > 0) {
       round->num_payloads = 1;

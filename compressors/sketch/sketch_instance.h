@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <utility>
 
@@ -30,8 +31,60 @@ struct Instance {
 
 inline int ceilLog2(int n) {
   int c = 0;
-  while ((1 << c) < n) ++c;
+  while (c < 31 && (1 << c) < n) ++c;
   return c;
+}
+
+// The most limbs a value may need: the f32 range (2^-149 .. 2^128, 277 bits)
+// in limbs of L = 63 - ceil(log2 n) >= 32 bits is at most 9; peeling keeps up
+// to this many limbs of one member on the stack.
+constexpr int kMaxLimbs = 16;
+
+// One tensor's scale as every rank reads it from round 0's statistics (after
+// the MAX): whether any rank holds a finite nonzero value or an Inf/NaN, the
+// top bit T, the lowest bit Q, the limb width L and the limb count K.
+struct Scale {
+  bool anyFinite = false, nonfinite = false;
+  int T = 0, Q = 0, L = 63, K = 0;
+};
+
+// Reads and checks the three statistics words of one tensor
+// [top + 200, 200 - lowest, nonfinite]. They come from the peers, so nothing
+// is used before it is checked: an honest rank's top and lowest lie in
+// [-149, 127] (f32: 2^-149 <= |x| < 2^128) with lowest <= top, both words are
+// 0 when no rank holds a finite nonzero value, and nonfinite is 0 or 1. Any
+// other word is a corrupted or hostile payload (the same on every rank: the
+// MAX result is), refused with why[] saying which word; a K of more than a
+// few limbs or an allocation sized by a wild exponent can then not happen.
+inline bool readScale(const uint64_t* w, int worldSize, Scale& s, char* why, size_t whySize) {
+  s = Scale{};
+  s.L = 63 - ceilLog2(worldSize);
+  const bool topSet = w[0] != 0, lowestSet = w[1] != 0;
+  if (topSet != lowestSet) {
+    std::snprintf(why, whySize, "top word %llu and lowest word %llu must both be 0 or both be set",
+                  static_cast<unsigned long long>(w[0]), static_cast<unsigned long long>(w[1]));
+    return false;
+  }
+  if (w[2] > 1) {
+    std::snprintf(why, whySize, "nonfinite word %llu is not 0 or 1", static_cast<unsigned long long>(w[2]));
+    return false;
+  }
+  s.nonfinite = w[2] != 0;
+  if (!topSet) return true;
+  if (w[0] < 200 - 149 || w[0] > 200 + 127 || w[1] < 200 - 127 || w[1] > 200 + 149) {
+    std::snprintf(why, whySize, "top word %llu or lowest word %llu is outside the f32 range [51, 327] / [73, 349]",
+                  static_cast<unsigned long long>(w[0]), static_cast<unsigned long long>(w[1]));
+    return false;
+  }
+  s.anyFinite = true;
+  s.T = int(w[0]) - 200;
+  s.Q = 200 - int(w[1]);
+  if (s.Q > s.T) {
+    std::snprintf(why, whySize, "lowest bit 2^%d lies above the top bit 2^%d", s.Q, s.T);
+    return false;
+  }
+  s.K = (s.T - s.Q + 1 + s.L - 1) / s.L;
+  return s.K <= kMaxLimbs;  // always (277 bits / 32 <= 9): kept as the peel's stack bound
 }
 
 inline void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, void* buffer, size_t count) {

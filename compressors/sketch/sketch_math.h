@@ -218,7 +218,10 @@ struct LimbPair {
 
 SHOAL_HD inline LimbPair limbPairOf(float x, int Q, int L) {
   FloatParts p = decompose(x);
-  if (p.mag == 0) return LimbPair{-1, 0, 0};
+  // A value below the scale (Q above its lowest bit: only a scale that was not
+  // agreed by every rank) has no limbs; dropping it keeps the shifts defined
+  // and the limb index non-negative (the device kernels write limbs[k0 * stride]).
+  if (p.mag == 0 || p.lowest < Q) return LimbPair{-1, 0, 0};
   int shift = p.lowest - Q;
   int k0 = shift / L, r = shift % L;
   unsigned __int128 w = static_cast<unsigned __int128>(p.mag) << r;

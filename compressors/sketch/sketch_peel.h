@@ -33,6 +33,10 @@ namespace shoal::sketch {
 template <class V>
 inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& g, int K, const V* summed,
                        std::vector<V>& limbs, std::vector<size_t>& leftover) {
+  // A member's upper limbs sit in mine[] below: K comes from checked statistics
+  // (sketch_instance.h, readScale), and a K out of range is refused here too.
+  constexpr int kMaxK = 16;
+  if (K < 1 || K > kMaxK) return false;
   const size_t cells = 3 * g.part;
   struct Cell {
     V limb0;
@@ -62,7 +66,7 @@ inline bool peelSketch(const uint64_t* members, size_t u, const SketchGeometry& 
   std::vector<uint64_t> queue;
   for (size_t c = 0; c < cells; ++c)
     if (isPure(uint32_t(cell[c].count))) queue.push_back(c);
-  V mine[16];  // K <= 9: L = 63 - ceil(log2 n) >= 32 for any int world size
+  V mine[kMaxK];  // K <= 9 for honest payloads: L = 63 - ceil(log2 n) >= 32 for any int world size
   while (!queue.empty()) {
     const uint64_t cc = queue.back();
     queue.pop_back();

@@ -178,6 +178,7 @@ const char* moveToDevice(TensorState* state, int device) {
 struct OpState {
   std::vector<size_t> offsets;  // offsets[t] = first global index of tensor t; offsets[T] = total
   std::vector<uint64_t> pairs;  // this rank's payload
+  size_t expectedWords = 0;     // what every rank sends: 2 words per kept element (k follows from options and shapes)
   std::vector<TensorState*> errors;        // each tensor's residual (ef=1), checked in start()
   // CUDA tensors: device, stream, and the device memory freed in finish().
   bool onDevice = false;
@@ -503,6 +504,7 @@ shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op
     kept[t] = instance.keptOf(state.offsets[t + 1] - state.offsets[t]);
     totalKept += kept[t];
   }
+  state.expectedWords = 2 * totalKept;
   if (state.offsets[tensors] == 0) {  // nothing to reduce (every rank agrees: same shapes)
     round->num_payloads = 0;
     round->done = 1;
@@ -602,11 +604,20 @@ shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_
     return broken("no gathered counts");
   const int tensors = op->num_tensors;
   const uint64_t total = state.offsets[tensors];
+  // Every rank sends the same number of pairs (k follows from the agreed
+  // options and shapes), one after the other: anything else was not sent by
+  // this code, and a count or offset from it must not size a read.
+  for (int r = 0; r < op->world_size; ++r) {
+    if (payload.gathered_counts[r] != state.expectedWords)
+      return broken("rank %d sent %zu words, every rank sends %zu (2 per kept element)", r,
+                    payload.gathered_counts[r], state.expectedWords);
+    if (payload.gathered_displs[r] != size_t(r) * state.expectedWords)
+      return broken("rank %d's words start at %zu, not %zu", r, payload.gathered_displs[r],
+                    size_t(r) * state.expectedWords);
+  }
+  if (total > 0 && state.expectedWords > 0 && payload.gathered == nullptr) return broken("no gathered words");
 #if SHOAL_WITH_CUDA
   if (state.onDevice) {
-    for (int r = 0; r < op->world_size; ++r)
-      if (payload.gathered_counts[r] % 2 != 0)
-        return broken("rank %d sent an odd number of words (%zu)", r, payload.gathered_counts[r]);
     unsigned badPairs = 0;
     if (shoal_status_t status = decodeOnDevice(state, op, payload, &badPairs); status != SHOAL_OK) return status;
     if (badPairs > 0) return broken("%u gathered pairs have an index beyond the %llu elements", badPairs,
@@ -622,6 +633,21 @@ shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_
     if (count > 0) std::memset(tensor.output.data, 0, count * shoal_dtype_size(tensor.output.dtype));
   }
   const auto* gathered = static_cast<const unsigned char*>(payload.gathered);
+  // Each rank's indices are strictly ascending and below the total (the
+  // encoder sorts them): checked before any is added, so a corrupted payload
+  // leaves the outputs zero rather than half-summed.
+  for (int r = 0; r < op->world_size; ++r) {
+    const unsigned char* base = gathered + 8 * payload.gathered_displs[r];
+    for (size_t p = 0; p < payload.gathered_counts[r] / 2; ++p) {
+      const uint64_t index = wordAt(base, 2 * p);
+      if (index >= total)
+        return broken("rank %d's pair %zu has index %llu, past the %llu elements", r, p,
+                      static_cast<unsigned long long>(index), static_cast<unsigned long long>(total));
+      if (p > 0 && index <= wordAt(base, 2 * (p - 1)))
+        return broken("rank %d's pair %zu has index %llu, not above the previous one", r, p,
+                      static_cast<unsigned long long>(index));
+    }
+  }
   for (int r = 0; r < op->world_size; ++r) {
     const size_t words = payload.gathered_counts[r];
     if (words % 2 != 0) return broken("rank %d sent an odd number of words (%zu)", r, words);

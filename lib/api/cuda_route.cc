@@ -3,6 +3,8 @@
 // refused on every rank with the reason.
 #include "api/cuda_route.h"
 
+#include <cstring>
+
 #include "api/run.h"
 #include "collectives/collectives.h"
 
@@ -35,9 +37,14 @@ MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t
   MemoryRoute route;
   bool host = false;
   for (const shoal_tensor_t* tensor : tensors) {
-    if (tensor->memory == SHOAL_MEMORY_HOST) {
+    // Read as the int a C caller may have stored: a value outside the enum is
+    // undefined behaviour to load as shoal_memory_t in C++ (UBSan: enum).
+    int memory = 0;
+    static_assert(sizeof memory == sizeof tensor->memory);
+    std::memcpy(&memory, &tensor->memory, sizeof memory);
+    if (memory == SHOAL_MEMORY_HOST) {
       host = true;
-    } else if (tensor->memory == SHOAL_MEMORY_CUDA) {
+    } else if (memory == SHOAL_MEMORY_CUDA) {
       if (!route.cuda) {
         route.device = tensor->device;
         route.stream = tensor->stream;
@@ -54,7 +61,7 @@ MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t
       route.cuda = true;
       route.refuse(SHOAL_ERR_INVALID_ARGUMENT,
                    fmt::format("{}: memory {} is not a shoal_memory_t; use SHOAL_MEMORY_HOST or SHOAL_MEMORY_CUDA",
-                               call, static_cast<int>(tensor->memory)));
+                               call, memory));
     }
   }
   if (route.cuda && host)

@@ -67,7 +67,7 @@ TEST_P(FusedAllreduce, EqualsPerTensorAllreduces) {
           << shoal_last_error(comm);
     for (size_t t = 0; t < kShapes.size(); ++t) {
       ASSERT_EQ(fused[t].size(), single[t].size());
-      ASSERT_EQ(std::memcmp(fused[t].data(), single[t].data(), fused[t].size() * sizeof(float)), 0)
+      ASSERT_TRUE(fused[t].empty() || std::memcmp(fused[t].data(), single[t].data(), fused[t].size() * sizeof(float)) == 0)
           << "tensor " << t << " on rank " << rank << " of " << ranks;
       // And the expected value itself.
       for (size_t i = 0; i < fused[t].size(); ++i) {

@@ -74,8 +74,8 @@ Saved save(shoal_comm_t comm, const char* options, const char* name) {
   EXPECT_EQ(bytes, 4 * (s.count + s.cols * s.r) + 40);
   s.error.resize(s.count);
   s.q.resize(s.cols * s.r);
-  std::memcpy(s.error.data(), s.bytes.data(), 4 * s.count);
-  std::memcpy(s.q.data(), s.bytes.data() + 4 * s.count, 4 * s.q.size());
+  if (s.count > 0) std::memcpy(s.error.data(), s.bytes.data(), 4 * s.count);
+  if (!s.q.empty()) std::memcpy(s.q.data(), s.bytes.data() + 4 * s.count, 4 * s.q.size());
   return s;
 }
 

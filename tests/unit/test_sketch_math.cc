@@ -23,7 +23,7 @@ uint64_t rnd(uint64_t x) { return mix64(x + 0x9e3779b97f4a7c15ull); }
 // Members: each coordinate of [0, count) with probability density.
 std::vector<uint64_t> randomSupport(uint64_t seed, size_t count, double density) {
   std::vector<uint64_t> members;
-  const uint64_t threshold = uint64_t(density * 18446744073709551616.0);
+  const uint64_t threshold = density >= 1.0 ? ~uint64_t(0) : uint64_t(density * 18446744073709551616.0);
   for (size_t i = 0; i < count; ++i)
     if (density >= 1.0 || rnd(seed * 1000003 + i) < threshold) members.push_back(i);
   return members;

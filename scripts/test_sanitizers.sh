@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The sanitizer configurations of the test command (docs/reliability.md):
+#   1. ASan+UBSan, clang, CPU-only (build-asan): the unit, collectives,
+#      compressors and runtime labels (multiproc runs in the main build). The
+#      same tree holds the libFuzzer targets (SHOAL_FUZZ=ON) that
+#      scripts/test_fuzz.sh runs.
+#   2. TSan, clang, CPU-only (build-tsan): only what the runtime label needs.
+# Every report fails the run: -fno-sanitize-recover=all (cmake/fuzz.cmake) and
+# halt_on_error below. Prints each step's wall time.
+# Usage: scripts/test_sanitizers.sh [asan|tsan]   (default: both)
+# SHOAL_TSAN_EXCLUDE=<ctest regex> leaves tests out of the TSan run (say why
+# where you use it; nothing is excluded by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+which=${1:-all}
+jobs=$(nproc)
+asan=${SHOAL_ASAN_DIR:-build-asan}
+tsan=${SHOAL_TSAN_DIR:-build-tsan}
+clang=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+  -DSHOAL_WITH_CUDA=OFF -DSHOAL_BUILD_BENCH=OFF -DSHOAL_BUILD_TESTS=ON)
+# UCX patches malloc/mmap to watch registered memory; under a sanitizer's allocator it must not.
+export UCX_MEM_EVENTS=no
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:check_initialization_order=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+step() {
+  local name=$1 begin
+  shift
+  begin=$(date +%s)
+  "$@"
+  echo "test_sanitizers: $name took $(($(date +%s) - begin)) s"
+}
+
+if [ "$which" = all ] || [ "$which" = asan ]; then
+  echo "== ASan+UBSan configuration ($asan) =="
+  step "asan configure" cmake -S . -B "$asan" "${clang[@]}" -DSHOAL_SANITIZE=address,undefined -DSHOAL_FUZZ=ON
+  step "asan build" cmake --build "$asan" -j "$jobs"
+  # install.* build consumers with the system compiler against the installed
+  # library: meaningful in the main build (where they run), not here.
+  step "asan tests" ctest --test-dir "$asan" --output-on-failure --timeout 900 -j 1 \
+    -L 'unit|collectives|compressors|runtime' -E '^install\.'
+fi
+
+if [ "$which" = all ] || [ "$which" = tsan ]; then
+  echo "== TSan configuration ($tsan) =="
+  step "tsan configure" cmake -S . -B "$tsan" "${clang[@]}" -DSHOAL_SANITIZE=thread
+  runtime_tests=$(cd tests/runtime && ls ./*.cc | sed 's|^\./||; s|\.cc$||')
+  # shellcheck disable=SC2086
+  step "tsan build" cmake --build "$tsan" -j "$jobs" --target $runtime_tests
+  exclude=()
+  [ -n "${SHOAL_TSAN_EXCLUDE:-}" ] && exclude=(-E "$SHOAL_TSAN_EXCLUDE")
+  step "tsan tests" ctest --test-dir "$tsan" --output-on-failure --timeout 900 -j 1 -L runtime "${exclude[@]}"
+fi
