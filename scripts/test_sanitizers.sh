@@ -25,6 +25,22 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:check_initia
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
+# Tests that fork ranks (failure tests) may pass although a child made a report
+# (a dying rank is what they test), so reports also go to files, and any file
+# found after a run fails it.
+reports_of() {
+  local dir=$1/sanitizer-reports
+  rm -rf "$dir" && mkdir -p "$dir" && echo "$dir"
+}
+check_reports() {
+  local dir=$1
+  if compgen -G "$dir/report.*" >/dev/null; then
+    echo "test_sanitizers: sanitizer reports in $dir:" >&2
+    cat "$dir"/report.* >&2
+    exit 1
+  fi
+}
+
 step() {
   local name=$1 begin
   shift
@@ -51,5 +67,8 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
   step "tsan build" cmake --build "$tsan" -j "$jobs" --target $runtime_tests
   exclude=()
   [ -n "${SHOAL_TSAN_EXCLUDE:-}" ] && exclude=(-E "$SHOAL_TSAN_EXCLUDE")
-  step "tsan tests" ctest --test-dir "$tsan" --output-on-failure --timeout 900 -j 1 -L runtime "${exclude[@]}"
+  reports=$(reports_of "$tsan")
+  TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$reports/report" \
+    step "tsan tests" ctest --test-dir "$tsan" --output-on-failure --timeout 900 -j 1 -L runtime "${exclude[@]}"
+  check_reports "$reports"
 fi

@@ -10,9 +10,9 @@
 namespace shoal {
 namespace {
 
-// A rank travels in 23 bits of a UCX tag (as config.cc's table says).
-constexpr long long kMaxRank = (1 << 23) - 1;
-constexpr long long kMaxWorld = 1 << 23;
+// A rank travels in 16 bits of the transport tag (kMaxRanks in lib/transport/transport.h; config.cc says the same).
+constexpr long long kMaxRank = (1 << 16) - 1;
+constexpr long long kMaxWorld = 1 << 16;
 
 struct Source {
   const char* launcher;

@@ -12,10 +12,10 @@
 
 namespace shoal::config {
 
-// Limits shared by several rows. A rank number travels in 23 bits of a UCX
-// tag (lib/transport/ucx), so that bounds the world size.
-constexpr double kMaxRank = (1 << 23) - 1;
-constexpr double kMaxWorld = 1 << 23;
+// Limits shared by several rows. A rank number travels in 16 bits of the
+// transport's tag (kMaxRanks in lib/transport/transport.h), so that bounds the world size.
+constexpr double kMaxRank = (1 << 16) - 1;
+constexpr double kMaxWorld = 1 << 16;
 constexpr double kMaxBytes = 1LL << 50;      // 1 PiB: larger is a typo
 constexpr double kMaxSeconds = 31536000;     // a year: every wait has a deadline (no "inf")
 

@@ -56,7 +56,7 @@ void checkEnvironment();
 // the variable, the value and the range.
 long long parseInteger(const char* name, const std::string& text, long long min, long long max);
 
-// "an integer from 0 to 8388607", "auto or an integer from 0 to ...", "one of error, warn".
+// "an integer from 0 to 65535", "auto or an integer from 0 to ...", "one of error, warn".
 std::string describeRange(const Variable& variable);
 
 void print(std::FILE* out, bool markdown);

@@ -74,7 +74,8 @@ const char kHelp[] =
     "  export SHOAL_STORE=tcp://host0:29500 SHOAL_TOKEN=$(openssl rand -hex 16)\n"
     "  mpirun -np 16 -H host0:8,host1:8 -x SHOAL_STORE -x SHOAL_TOKEN prog\n"
     "  srun -n 16 prog\n"
-    "shoal reads the rank and world size from OMPI_COMM_WORLD_* or SLURM_* there.\n";
+    "shoal reads the rank and world size from the launcher there: SHOAL_*, torchrun's RANK/WORLD_SIZE,\n"
+    "OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE, PMIX_RANK or SLURM_*, in that order (docs/reliability-store.md).\n";
 
 struct Options {
   int worldSize = 0;
