@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "aggregate/client.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
 #include "api/run.h"
@@ -95,6 +96,8 @@ void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void*
   const AllreduceAlgorithm& algorithm = selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
   Reducer reducer(dtype, op);
   if (count == 0) return emptyCall(comm, sequence);
+  if (comm.algorithm == "aggregate" && aggregate::carries(dtype, op))  // else the ring (algos.cc)
+    return aggregate::allreduce(comm, sequence, send, recv, count, dtype, op);
   if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
     return runCollective(comm, sequence, [&](Context& context) {
       allreduceRingOutOfPlace(context, send, recv, count, reducer);
