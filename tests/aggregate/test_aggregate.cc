@@ -4,7 +4,10 @@
 // and the failures: a wrong token, a dead or unreachable aggregator, a rank
 // that never sends its slot (the aggregator frees it).
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +66,7 @@ class Daemon {
     }
   }
   std::string url() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
 
  private:
   pid_t pid_ = -1;
@@ -328,6 +332,103 @@ TEST_F(Aggregate, CompressorRoundsGoThroughTheAggregator) {
     opts.compress_min_bytes = 0;
     EXPECT_NE(shoal_allreduce_tensor(comm, &in, &out, SHOAL_SUM, &opts), SHOAL_OK);
   }, options(5));
+}
+
+// Ranks that pass different counts get an error on every rank (the aggregator
+// compares every rank's slot with the first), not a hang or a wrong sum.
+TEST_F(Aggregate, MismatchedCountsAreAnErrorOnEveryRank) {
+  Daemon daemon({"--slot-bytes", "1024"});
+  use(daemon.url());
+  std::atomic<int> failures{0};
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    std::vector<int32_t> data(rank == 0 ? 1000 : 1001, 1);
+    shoal_status_t status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_I32, SHOAL_SUM);
+    EXPECT_NE(status, SHOAL_OK);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("disagree"), std::string::npos) << shoal_last_error(comm);
+    if (status != SHOAL_OK) ++failures;
+  }, options(5));
+  EXPECT_EQ(failures, 2);
+}
+
+// Strangers on the port (garbage, an oversized hello, a hello that stops
+// halfway) are dropped, and the aggregator goes on serving.
+TEST_F(Aggregate, StrangersAreDroppedAndServiceGoesOn) {
+  Daemon daemon;
+  for (const std::string& junk : {std::string("GET / HTTP/1.0\r\n\r\n"), std::string("\xff\xff\xff\x7f"),
+                                  std::string("\x10\x00\x00\x00SHAG")}) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(daemon.port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    ASSERT_EQ(send(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+    close(fd);
+  }
+  use(daemon.url());
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    int64_t value = rank + 1;
+    ASSERT_EQ(shoal_allreduce(comm, &value, &value, 1, SHOAL_I64, SHOAL_SUM), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(value, 3);
+  }, options(10));
+}
+
+// A free TCP port on 127.0.0.1 (bound, read, released).
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Only rank 1 presents a wrong token (ranks are processes here, since the
+// token comes from each process's SHOAL_TOKEN): rank 1 is refused, and rank 0,
+// already waiting on the aggregator, fails through the abort well before its
+// deadline. Each child exits 0 when it saw what it should.
+TEST_F(Aggregate, OneRankWithAWrongTokenFailsEveryRankPromptly) {
+  Daemon daemon;
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
+  const double timeoutS = 20;
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("SHOAL_TOKEN", rank == 1 ? "a-wrong-token" : "aggregate-test-token", 1);
+      setenv("SHOAL_AGGREGATOR", daemon.url().c_str(), 1);
+      shoal_config_t config = SHOAL_CONFIG_INIT;
+      config.rank = rank;
+      config.world_size = 2;
+      config.store = store.c_str();
+      config.token = "the-store-token";
+      config.timeout_s = timeoutS;
+      config.algorithm = "aggregate";
+      shoal_comm_t comm = nullptr;
+      if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) _exit(10);
+      std::vector<float> data(1 << 20, 1.0f);
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 waits first
+      auto begin = std::chrono::steady_clock::now();
+      shoal_status_t status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
+      Seconds took = std::chrono::steady_clock::now() - begin;
+      std::string text = shoal_last_error(comm);
+      std::fprintf(stderr, "rank %d: status %d after %.2f s: %s\n", rank, status, took.count(), text.c_str());
+      if (status == SHOAL_OK) _exit(11);
+      if (took.count() > timeoutS / 2) _exit(12);
+      if (rank == 1 && text.find("wrong job token") == std::string::npos) _exit(13);
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    int status = 0;
+    waitpid(children[rank], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status)) << "rank " << rank;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (10 init, 11 succeeded, 12 too slow, 13 wrong text)";
+  }
 }
 
 }  // namespace
