@@ -204,7 +204,11 @@ void Aggregator::serveConnection(std::shared_ptr<Connection> connection) {
     }
     leave(connection);
   }
-  close(connection->fd);
+  shutdown(connection->fd, SHUT_RDWR);  // the last shared_ptr closes it
+}
+
+Aggregator::Connection::~Connection() {
+  if (fd >= 0) close(fd);
 }
 
 uint8_t* Aggregator::takeBufferLocked() {

@@ -34,7 +34,10 @@ class Aggregator {
 
  private:
   struct Group;
+  // Closed when the last holder lets go, never while another thread may
+  // still be writing a result to it (the number could be reused meanwhile).
   struct Connection {
+    ~Connection();
     int fd = -1;
     std::string peer;
     std::mutex writeMutex;  // one message at a time on the socket
