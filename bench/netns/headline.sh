@@ -15,6 +15,8 @@
 #   fp16             shoal-bench --compressor fp16                         (with SHOAL_NET_ENV)
 #   topk_D, sketch_D shoal-bench --compressor topk ratio=D / sketch on inputs of density D
 #   resnet_none, resnet_powersgd   resnet50-bench, the 161 ResNet-50 gradients, none / rank 4
+#   agg_dense, agg_sketch_D        SHOAL_ALGO=aggregate: shoal-aggd in the switch namespace
+#                                  (aggregate.sh), dense / the sketch at density D (with SHOAL_NET_ENV)
 # --only takes a comma list of these names (topk / sketch select every density).
 # Sparse inputs: each rank has a fraction D of nonzeros, a fraction --overlap of them at
 # positions common to every rank (the frequent rows of an embedding), the rest private.
@@ -93,8 +95,12 @@ raw="$out/raw"
 mkdir -p "$raw"
 manifest="$out/raw/manifest.tsv"
 printf 'rate\tconfig\trep\tkind\tcalls\tlog\twire\tjson\n' >"$manifest"
-trap '"$here/cluster.sh" down --name "$cluster" >/dev/null; exit 130' INT TERM
-trap '"$here/cluster.sh" down --name "$cluster" >/dev/null' EXIT
+stop_cluster() {
+  "$here/aggregate.sh" stop --name "$cluster" >/dev/null 2>&1
+  "$here/cluster.sh" down --name "$cluster" >/dev/null
+}
+trap 'stop_cluster; exit 130' INT TERM
+trap stop_cluster EXIT
 "$here/cluster.sh" down --name "$cluster" >/dev/null  # leftovers of an interrupted run
 
 read -r -a net_env <<<"$SHOAL_NET_ENV"
@@ -130,6 +136,11 @@ for ((k = 1; k <= hosts; k++)); do hostlist+="${hostlist:+,}10.212.0.$k"; done
 
 for rate in $rates; do
   "$here/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" --subnet 10.212.0 || exit 1
+  aggregator=""
+  if want agg; then
+    export SHOAL_TOKEN="${SHOAL_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
+    aggregator=$("$here/aggregate.sh" start --name "$cluster" --bin "$BIN") || failures=$((failures + 1))
+  fi
   for ((rep = 1; rep <= repeats; rep++)); do
     if want shoal; then
       run_one "$rate" shoal "$rep" shoal "$shoal_calls" "${launch[@]}" "$BIN/shoal-bench" "${bench_args[@]}"
@@ -168,6 +179,15 @@ for rate in $rates; do
           "$BIN/shoal-bench" "${bench_args[@]}" --compressor sketch "${sparse[@]}"
       fi
     done
+    if [[ -n "$aggregator" ]]; then
+      agg_env=(env "${net_env[@]}" SHOAL_ALGO=aggregate SHOAL_AGGREGATOR="$aggregator")
+      want agg_dense && run_one "$rate" agg_dense "$rep" shoal "$shoal_calls" "${agg_env[@]}" "${launch[@]}" \
+        "$BIN/shoal-bench" "${bench_args[@]}"
+      for d in $densities; do
+        want "agg_sketch_$d" && run_one "$rate" "agg_sketch_$d" "$rep" shoal "$shoal_calls" "${agg_env[@]}" \
+          "${launch[@]}" "$BIN/shoal-bench" "${bench_args[@]}" --compressor sketch --density "$d" --overlap "$overlap"
+      done
+    fi
     for c in none powersgd; do
       want "resnet_$c" || continue
       copts=(); [[ $c == powersgd ]] && copts=(--copts rank=4)
@@ -175,6 +195,7 @@ for rate in $rates; do
         "$BIN/resnet50-bench" --compressor "$c" "${copts[@]}" --steps "$iters" --warmup 1
     done
   done
+  "$here/aggregate.sh" stop --name "$cluster"
   "$here/cluster.sh" down --name "$cluster"
 done
 

@@ -21,12 +21,14 @@ const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes,
     // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
     wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "doubling" : "ring";
   }
+  // aggregate: what the aggregators cannot add takes the ring (lib/aggregate/client.h).
+  if (wanted == "aggregate") wanted = "ring";
   std::string names;
   for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms()) {
     if (wanted == algorithm.name) return algorithm;
     names += std::string(names.empty() ? "" : ", ") + algorithm.name;
   }
-  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, {}", name, names);
+  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, {}", name, names);
 }
 
 }  // namespace shoal

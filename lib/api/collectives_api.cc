@@ -6,6 +6,7 @@
 
 #include "api/agree.h"
 #include "api/checks.h"
+#include "aggregate/client.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
 #include "api/run.h"
@@ -105,6 +106,8 @@ void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorith
   const size_t bytes = count * dtypeSize(dtype);
   Reducer reducer(dtype, op);
   if (count == 0) return emptyCall(comm, sequence);
+  if (comm.algorithm == "aggregate" && aggregate::carries(dtype, op))  // else the ring (algos.cc)
+    return aggregate::allreduce(comm, sequence, send, recv, count, dtype, op);
   if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
     return runCollective(comm, sequence, [&](Context& context) {
       allreduceRingOutOfPlace(context, send, recv, count, reducer);

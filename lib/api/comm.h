@@ -15,6 +15,7 @@
 #include "transport/transport.h"
 
 namespace shoal::nccl { class Communicator; }
+namespace shoal::aggregate { class Client; struct ClientRelease { void operator()(Client* client) const; }; }
 namespace shoal { struct NcclRelease { void operator()(nccl::Communicator* communicator) const; }; }
 
 struct shoal_comm {
@@ -31,6 +32,7 @@ struct shoal_comm {
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
+  std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (api/cuda_route.cc)
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
   shoal::Scratch scratch;  // reused by every call
