@@ -56,7 +56,7 @@ def parameters(model):
 
 
 def main():
-    p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=32, lr=0.05)
+    p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=16, lr=0.05)
     p.add_argument("--warmup-frac", type=float, default=0.25,
                    help="fraction of the epochs trained full rank before factorizing (1: never factorize)")
     p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
