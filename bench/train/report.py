@@ -37,14 +37,18 @@ def mean_sd(values):
 
 
 def failure(log):
-    """The line of a failed run's log that says why (the last error-looking line)."""
+    """The line of a failed run's log that says why: a C++ exception's what() first, then the
+    last error-looking line."""
     if not os.path.exists(log):
         return "no log"
-    lines = [l.strip() for l in open(log, errors="replace") if l.strip() and not l.startswith("#")]
-    for line in reversed(lines):
-        if re.search(r"error|what\(\)|enforce|exception|killed|signal|needs ", line, re.I):
-            return re.sub(r"^\[\d+\] ", "", line)[:200]
-    return (lines[-1][:200] if lines else "no output")
+    lines = [re.sub(r"^\[\d+\] ", "", l.strip()) for l in open(log, errors="replace")
+             if l.strip() and not l.startswith("#")]
+    for pattern in (r"what\(\)|enforce fail", r"error|exception|killed|signal|needs "):
+        for line in reversed(lines):
+            if re.search(pattern, line, re.I):
+                line = re.sub(r"(RuntimeError: )?Got the following error when running the callback: ", "", line)
+                return line.strip()[:200]
+    return lines[-1][:200] if lines else "no output"
 
 
 def load(pattern):
@@ -224,7 +228,7 @@ def plots(out, img_dir):
         if not series:
             continue
         png = os.path.join(img_dir, "training_%s.png" % task)
-        script = ("set terminal png size 900,500; set output '%s'; set key bottom right; set grid;"
+        script = ("set terminal png size 900,500 noenhanced; set output '%s'; set key bottom right; set grid;"
                   "set xlabel 'training time (s, loopback, 2 ranks, seed 0)'; set ylabel 'test %s';"
                   "set title '%s'; plot %s" % (png, metric, task, ", ".join(series)))
         subprocess.run(["gnuplot", "-e", script], check=False)

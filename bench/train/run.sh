@@ -84,7 +84,7 @@ shoalrun="$build/bin/shoalrun"
 mkdir -p "$out"
 
 machine() {  # one line: when, what, the load
-  echo "$(date -u +%FT%TZ) $1: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
+  echo "$(date -u +%FT%TZ) $1: $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 }
 
 # The configurations of each task, "name:arguments".

@@ -184,6 +184,12 @@ class Dist:
             self.hvd.shutdown()
         elif self.kind == "ddp":
             self.dist.destroy_process_group()
+            # torch 1.13 can deadlock at interpreter exit after DDP with a comm hook (seen with
+            # fp16_compress_hook: ~ProcessGroupGloo joins a worker thread that waits for the GIL).
+            # Everything is written and flushed by now, so leave without the teardown.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def parameter_digest(model):
