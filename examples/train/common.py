@@ -8,8 +8,8 @@ one of three backends:
           bench/netns/run.sh (rank, size and store come from SHOAL_* variables).
   ddp     PyTorch DistributedDataParallel on gloo, the peer a user would pick instead, with
           --ddp-hook none (dense), fp16 (torch's fp16_compress_hook) or powersgd (torch's
-          powerSGD_hook). Started the same way: rank and size come from SHOAL_RANK and
-          SHOAL_WORLD_SIZE, the rendezvous is SHOAL_STORE's host at its port + 1 (--ddp-port).
+          powerSGD_hook). Started the same way: rank and size as shoal reads them (SHOAL_RANK,
+          else mpirun's or srun's), the rendezvous at SHOAL_STORE's host, its port + 1 (--ddp-port).
   local   one process, no communication: the same step on one rank, the limit a distributed
           step can at best reach.
 
@@ -107,6 +107,16 @@ def _interface_for(host):
     raise RuntimeError("no interface holds %s, the address that reaches %s" % (local, host))
 
 
+def _launcher_rank_and_size():
+    """Rank and size as shoal reads them: SHOAL_RANK/SHOAL_WORLD_SIZE, else mpirun's or srun's."""
+    for rank, size in (("SHOAL_RANK", "SHOAL_WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       ("SLURM_PROCID", "SLURM_NTASKS")):
+        if os.environ.get(rank) and os.environ.get(size):
+            return int(os.environ[rank]), int(os.environ[size])
+    raise SystemExit("backend ddp: no rank in the environment (SHOAL_RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID); "
+                     "start it with shoalrun, mpirun, srun or bench/netns/run.sh")
+
+
 class Dist:
     """The backend: rank and size, wrapping the model and optimizer, small reductions, the end."""
 
@@ -122,9 +132,8 @@ class Dist:
         elif self.kind == "ddp":
             import torch.distributed as dist
             self.dist = dist
-            self.rank = int(os.environ["SHOAL_RANK"])
-            self.size = int(os.environ["SHOAL_WORLD_SIZE"])
-            store = os.environ["SHOAL_STORE"]
+            self.rank, self.size = _launcher_rank_and_size()
+            store = os.environ.get("SHOAL_STORE", "")
             if not store.startswith("tcp://"):
                 raise SystemExit("backend ddp needs SHOAL_STORE=tcp://host:port (got %r)" % store)
             host, port = store[len("tcp://"):].rsplit(":", 1)
