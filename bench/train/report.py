@@ -151,8 +151,9 @@ def speed_tables(out, summary, hosts):
         text.append("No communication (the same step on one rank): %s.\n" % (
             "%.1f ms" % limit_ms if limit_ms else "not measured"))
         text.append("| link | configuration | step (ms, median) | mean | DDP dense / this | this / no-communication "
-                    "| time to dense's accuracy (s, derived) | result |")
-        text.append("|---|---|---|---|---|---|---|---|")
+                    "| sent per step per host (MB) | wire time at the rate (ms) | time to dense's accuracy "
+                    "(s, derived) | result |")
+        text.append("|---|---|---|---|---|---|---|---|---|---|")
         for rate in rates:
             runs = load(os.path.join(out, "speed", rate, task, "*.log"))
             ddp = runs.get("ddp-none", {})
@@ -161,16 +162,22 @@ def speed_tables(out, summary, hosts):
             for name in sorted(runs, key=order_key):
                 r = runs[name]
                 if "failed" in r:
-                    text.append("| %s | %s | | | | | | failed: %s |" % (rate, name, r["failed"].replace("|", "/")))
+                    text.append("| %s | %s | | | | | | | | failed: %s |" % (rate, name,
+                                                                          r["failed"].replace("|", "/")))
                     continue
+                sent = wire_bytes(os.path.join(out, "speed", rate, task, name + ".wire"))
+                per_step = sent / r["steps"] if sent is not None else None
                 ms = r["step_ms_median"]
                 fid = summary.get(task, {}).get(name)
                 tta = None
                 if fid and fid["epochs_to_target"] is not None:
                     tta = fid["epochs_to_target"] * fid["steps_per_epoch"] * ms / 1e3
-                text.append("| %s | %s | %.1f | %.1f | %s | %s | %s | ok |" % (
+                text.append("| %s | %s | %.1f | %.1f | %s | %s | %s | %s | %s | ok |" % (
                     rate, name, ms, r["step_ms_mean"], "%.2f×" % (ddp_ms / ms) if ddp_ms else "—",
-                    "%.2f×" % (ms / limit_ms) if limit_ms else "—", "%.1f" % tta if tta else "—"))
+                    "%.2f×" % (ms / limit_ms) if limit_ms else "—",
+                    "%.2f" % (per_step / 1e6) if per_step is not None else "—",
+                    "%.1f" % (per_step * 8 / rate_bits(rate) * 1e3) if per_step is not None and rate_bits(rate) else "—",
+                    "%.1f" % tta if tta else "—"))
                 if name.startswith("shoal") and (best is None or ms < best[1]):
                     best = (name, ms, tta)
             targets += speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary)
@@ -199,6 +206,18 @@ def speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary):
         rows.append(("%s, 1gbit: best shoal step within 1.25× of no communication" % task,
                      "%s: %.2f×" % (best[0], x), "yes" if x <= 1.25 else "no"))
     return rows
+
+
+def wire_bytes(path):
+    """The fewest bytes a host's interface sent during a run (bench/netns/wire.sh), or None: rank 0's host
+    also sends the initial parameter broadcast, the others only their share of the steps."""
+    if not os.path.exists(path):
+        return None
+    try:
+        hosts = json.load(open(path))["hosts"]
+    except (ValueError, KeyError):
+        return None
+    return min(h["tx_bytes"] for h in hosts)
 
 
 def rate_bits(rate):

@@ -18,7 +18,8 @@
 # link limited to every rate of --rates): the same model, data, batch and seed for each of shoal
 # with every compressor, DDP gloo dense, DDP + fp16_compress_hook and DDP + powerSGD_hook, each
 # for --speed-steps steps (time per step, first 3 steps left out), and the same step on one rank
-# without communication (the limit). A run that fails is recorded with its error. Needs root
+# without communication (the limit). bench/netns/wire.sh counts the bytes each host's interface
+# sent meanwhile (<config>.wire). A run that fails is recorded with its error. Needs root
 # and ip netns (bench/netns/cluster.sh); the cluster is removed on exit.
 #
 # Results: OUT/fidelity/<task>/<config>-s<seed>.{json,log}, OUT/speed/<rate>/<task>/<config>.
@@ -165,7 +166,8 @@ if ((speed)); then
         while IFS=: read -r name args; do
           echo "speed $rate $task $name" >&2
           # shellcheck disable=SC2086
-          run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/run.sh" --name "$cluster" \
+          run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/wire.sh" --name "$cluster" \
+            "$out/speed/$rate/$task/$name.wire" -- "$repo/bench/netns/run.sh" --name "$cluster" \
             --timeout-s "$RUN_TIMEOUT" "$PYTHON" "$repo/examples/train/$task.py" $(task_args "$task") $args \
             --epochs 1 --max-steps "$speed_steps"
         done < <(configs_speed)
