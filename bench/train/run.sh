@@ -2,7 +2,8 @@
 # Training fidelity and speed of the examples in examples/train/, against PyTorch DDP:
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
-#                      [--hosts 2] [--speed-steps 20] [--quick] [--no-docs] [--out DIR] [--build DIR]
+#                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
+#                      [--build DIR] [--report-only]
 #
 # With neither --fidelity nor --speed it runs both.
 #
@@ -25,7 +26,8 @@
 # Results: OUT/fidelity/<task>/<config>-s<seed>.{json,log}, OUT/speed/<rate>/<task>/<config>.
 # {json,log}, OUT/machine.txt (cores, load before and after each phase); then report.py writes
 # OUT/tables.md and, unless --no-docs, the tables between the markers in docs/training.md.
-# OUT defaults to bench/train/results (not committed).
+# OUT defaults to bench/train/results (not committed). --only takes a comma list of the
+# configuration names below (e.g. shoal-none,shoal-sketch); --report-only just rewrites the tables.
 # --quick: 1 seed, 2 epochs, 5 speed steps, 1gbit only (a few minutes; for trying it).
 #
 # Environment: SHOAL_LIBRARY (default BUILD/lib/libshoal.so), PYTHON (default /usr/bin/python3,
@@ -47,6 +49,8 @@ speed_steps=20
 quick=0
 docs=1
 cluster=shoaltrain
+only=""
+report_only=0
 : "${RUN_TIMEOUT:=900}"   # seconds per launch
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -60,6 +64,8 @@ while (($#)); do
     --rates) rates=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
     --speed-steps) speed_steps=$2; shift 2 ;;
+    --only) only=",$2,"; shift 2 ;;
+    --report-only) report_only=1; shift ;;
     --quick) quick=1; shift ;;
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
@@ -68,7 +74,8 @@ while (($#)); do
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
 done
-((fidelity || speed)) || { fidelity=1; speed=1; }
+((fidelity || speed || report_only)) || { fidelity=1; speed=1; }
+((report_only)) && { fidelity=0; speed=0; }
 epochs_arg=()
 if ((quick)); then
   seeds=1 speed_steps=5 rates=1gbit epochs_arg=(--epochs 2)
@@ -132,6 +139,7 @@ if ((fidelity)); then
     mkdir -p "$out/fidelity/$task"
     for ((seed = 0; seed < seeds; seed++)); do
       while IFS=: read -r name args; do
+        [[ -z $only || $only == *",$name,"* ]] || continue
         echo "fidelity $task $name seed $seed" >&2
         # shellcheck disable=SC2086
         run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np 2 --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
@@ -164,6 +172,7 @@ if ((speed)); then
       for task in $speed_tasks; do
         mkdir -p "$out/speed/$rate/$task"
         while IFS=: read -r name args; do
+          [[ -z $only || $only == *",$name,"* ]] || continue
           echo "speed $rate $task $name" >&2
           # shellcheck disable=SC2086
           run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/wire.sh" --name "$cluster" \

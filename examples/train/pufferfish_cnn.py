@@ -62,6 +62,10 @@ def main():
     p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
     p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
                    help="compressor after the factorization (default: --compression)")
+    p.add_argument("--fused", action="store_true",
+                   help="after the factorization, every gradient in one uncompressed allreduce "
+                        "(shoal.torch.pufferfish.allreduce_gradients, as Pufferfish does) instead of "
+                        "DistributedOptimizer's per-parameter requests")
     args = p.parse_args()
     common.setup(args)
     dist = common.Dist(args)
@@ -84,9 +88,23 @@ def main():
             base, _ = factorize(base, args)
             optimizer = torch.optim.SGD(base.parameters(), lr=args.lr, momentum=0.9)
             after = args.after_compression or args.compression
-            saved, args.compression = args.compression, after
-            model, optimizer = dist.wrap(base, optimizer)
-            args.compression = saved
+            if args.fused and dist.kind == "shoal":
+                from shoal.torch import pufferfish
+                dist.hvd.broadcast_parameters(base.state_dict(), root_rank=0)
+                model, after, plain = base, "fused allreduce", optimizer
+
+                class Fused:  # the optimizer's interface, with one fused allreduce before each step
+                    zero_grad = plain.zero_grad
+
+                    @staticmethod
+                    def step():
+                        pufferfish.allreduce_gradients(base)
+                        plain.step()
+                optimizer = Fused
+            else:
+                saved, args.compression = args.compression, after
+                model, optimizer = dist.wrap(base, optimizer)
+                args.compression = saved
             record.extra["parameters_factorized"] = parameters(base)
             if dist.rank == 0:
                 print("factorized after epoch %d: %d -> %d parameters, then --compression %s" % (
