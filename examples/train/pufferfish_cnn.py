@@ -62,6 +62,9 @@ def main():
     p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
     p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
                    help="compressor after the factorization (default: --compression)")
+    p.add_argument("--after-lr", type=float, default=None,
+                   help="learning rate after the factorization (default: --lr / 10: a factor pair's "
+                        "product moves faster than the weight it replaces, and the full rate diverged)")
     p.add_argument("--fused", action="store_true",
                    help="after the factorization, every gradient in one uncompressed allreduce "
                         "(shoal.torch.pufferfish.allreduce_gradients, as Pufferfish does) instead of "
@@ -86,7 +89,8 @@ def main():
     for epoch in range(1, args.epochs + 1):
         if epoch == warmup + 1:
             base, _ = factorize(base, args)
-            optimizer = torch.optim.SGD(base.parameters(), lr=args.lr, momentum=0.9)
+            after_lr = args.after_lr if args.after_lr is not None else args.lr / 10
+            optimizer = torch.optim.SGD(base.parameters(), lr=after_lr, momentum=0.9)
             after = args.after_compression or args.compression
             if args.fused and dist.kind == "shoal":
                 from shoal.torch import pufferfish
