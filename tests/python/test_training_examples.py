@@ -85,11 +85,13 @@ def test_example_trains(example, compression, tmp_path):
         assert data["identical"] is True, "ranks ended with different parameters under the sketch:\n" + out
 
 
-def test_pufferfish_factorizes(tmp_path):
-    """Full rank for the first epoch, then shoal.torch.pufferfish's factorized model."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_pufferfish_factorizes(fused, tmp_path):
+    """Full rank for the first epoch, then shoal.torch.pufferfish's factorized model, its gradients
+    through DistributedOptimizer or (fused) in one allreduce."""
     pytest.importorskip("torch")
     rc, out, data = train("pufferfish_cnn.py", ["--epochs", "2", "--warmup-frac", "0.5", "--max-steps", "30",
-                                                "--seed", "1"], tmp_path)
+                                                "--seed", "1"] + (["--fused"] if fused else []), tmp_path)
     if rc != 0 and "needs shoal.torch.pufferfish" in out:
         # The script's own error, not a crash: shoal.torch.pufferfish (issue 14) is not there yet.
         pytest.xfail("shoal.torch.pufferfish is not in this shoal yet")
