@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Training fidelity and speed of the examples in examples/train/, against PyTorch DDP:
+#
+#   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
+#                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
+#                      [--build DIR] [--report-only]
+#
+# With neither --fidelity nor --speed it runs both.
+#
+# Fidelity (one host, loopback, unthrottled; 2 ranks under shoalrun): every task with every
+# configuration and --seeds seeds (0, 1, ...), the full training run; rank 0's JSON result per
+# run. The report compares each compressor's final metric with dense's on the same seeds.
+#   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch; DDP gloo dense and + fp16 hook
+#   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), powerfish (PowerSGD
+#                   during the warm-up, then factorized), powersgd (full rank)
+#   embeddings      shoal none, fp16, bf16, topk, powersgd, sketch (50,000 training interactions)
+#
+# Speed (the emulated cluster of bench/netns, one rank per host namespace, --hosts hosts, each
+# link limited to every rate of --rates): the same model, data, batch and seed for each of shoal
+# with every compressor, DDP gloo dense, DDP + fp16_compress_hook and DDP + powerSGD_hook, each
+# for --speed-steps steps (time per step, first 3 steps left out), and the same step on one rank
+# without communication (the limit). bench/netns/wire.sh counts the bytes each host's interface
+# sent meanwhile (<config>.wire). A run that fails is recorded with its error. Needs root
+# and ip netns (bench/netns/cluster.sh); the cluster is removed on exit.
+#
+# Results: OUT/fidelity/<task>/<config>-s<seed>.{json,log}, OUT/speed/<rate>/<task>/<config>.
+# {json,log}, OUT/machine.txt (cores, load before and after each phase); then report.py writes
+# OUT/tables.md and, unless --no-docs, the tables between the markers in docs/training.md.
+# OUT defaults to bench/train/results (not committed). --only takes a comma list of the
+# configuration names below (e.g. shoal-none,shoal-sketch); --report-only just rewrites the tables.
+# --quick: 1 seed, 2 epochs, 5 speed steps, 1gbit only (a few minutes; for trying it).
+#
+# Environment: SHOAL_LIBRARY (default BUILD/lib/libshoal.so), PYTHON (default /usr/bin/python3,
+# Debian's, with python3-torch), PYTHONPATH gets bindings/python prepended. Every rank runs with
+# OMP_NUM_THREADS=1 and SHOAL_SPIN_ROUNDS=0 (a waiting rank yields its core: 2 ranks share 2).
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+build="$repo/build-nocuda"
+out="$here/results"
+fidelity=0
+speed=0
+seeds=3
+tasks="digits_mlp pufferfish_cnn embeddings"
+rates="1gbit 100mbit"
+hosts=2
+speed_steps=20
+quick=0
+docs=1
+cluster=shoaltrain
+only=""
+report_only=0
+: "${RUN_TIMEOUT:=900}"   # seconds per launch
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+command_line="bench/train/run.sh $*"
+while (($#)); do
+  case "$1" in
+    --fidelity) fidelity=1; shift ;;
+    --speed) speed=1; shift ;;
+    --seeds) seeds=$2; shift 2 ;;
+    --tasks) tasks=${2//,/ }; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
+    --speed-steps) speed_steps=$2; shift 2 ;;
+    --only) only=",$2,"; shift 2 ;;
+    --report-only) report_only=1; shift ;;
+    --quick) quick=1; shift ;;
+    --no-docs) docs=0; shift ;;
+    --out) out=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+((fidelity || speed || report_only)) || { fidelity=1; speed=1; }
+((report_only)) && { fidelity=0; speed=0; }
+epochs_arg=()
+if ((quick)); then
+  seeds=1 speed_steps=5 rates=1gbit epochs_arg=(--epochs 2)
+fi
+
+PYTHON="${PYTHON:-/usr/bin/python3}"
+export SHOAL_LIBRARY="${SHOAL_LIBRARY:-$build/lib/libshoal.so}"
+export PYTHONPATH="$repo/bindings/python${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=1 SHOAL_SPIN_ROUNDS=0
+shoalrun="$build/bin/shoalrun"
+[[ -f "$SHOAL_LIBRARY" && -x "$shoalrun" ]] ||
+  { echo "run.sh: need $SHOAL_LIBRARY and $shoalrun (cmake --build $build --target shoal shoalrun)" >&2; exit 1; }
+"$PYTHON" -c "import torch" 2>/dev/null || { echo "run.sh: $PYTHON cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+mkdir -p "$out"
+
+machine() {  # one line: when, what, the load
+  echo "$(date -u +%FT%TZ) $1: $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
+}
+
+# The configurations of each task, "name:arguments".
+configs_fidelity() {
+  case "$1" in
+    digits_mlp) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" \
+      "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
+      "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" \
+      "ddp-none:--backend ddp --ddp-hook none" "ddp-fp16:--backend ddp --ddp-hook fp16" ;;
+    pufferfish_cnn) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
+      "pufferfish:--compression none --warmup-frac 0.25" \
+      "powerfish:--compression powersgd --after-compression none --warmup-frac 0.25" \
+      "shoal-powersgd:--compression powersgd --warmup-frac 1" ;;
+    embeddings) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" \
+      "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
+      "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" ;;
+  esac
+}
+configs_speed() {
+  printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" "shoal-bf16:--compression bf16" \
+    "shoal-topk:--compression topk --topk-ratio 0.01" "shoal-powersgd:--compression powersgd --powersgd-rank 4" \
+    "shoal-sketch:--compression sketch" "ddp-none:--backend ddp --ddp-hook none" \
+    "ddp-fp16:--backend ddp --ddp-hook fp16" "ddp-powersgd:--backend ddp --ddp-hook powersgd"
+}
+task_args() {  # arguments every run of a task gets
+  case "$1" in
+    embeddings) echo "--interactions 50000" ;;
+    *) echo "" ;;
+  esac
+}
+
+# run JSON LAUNCHER... : one training run, its output in JSON's .log; a failure is recorded there.
+run() {
+  local json=$1; shift
+  local log="${json%.json}.log"
+  rm -f "$json"
+  { echo "# $*"; timeout -k 10 "$RUN_TIMEOUT" "$@" --json "$json"; echo "# exit status $?"; } > "$log" 2>&1
+  [[ -s "$json" ]] || echo "run.sh: no result from $(basename "$json" .json): $(grep -v '^#' "$log" | tail -1)" >&2
+}
+
+if ((fidelity)); then
+  machine "fidelity start"
+  for task in $tasks; do
+    mkdir -p "$out/fidelity/$task"
+    for ((seed = 0; seed < seeds; seed++)); do
+      while IFS=: read -r name args; do
+        [[ -z $only || $only == *",$name,"* ]] || continue
+        echo "fidelity $task $name seed $seed" >&2
+        # shellcheck disable=SC2086
+        run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np 2 --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
+          "$repo/examples/train/$task.py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
+      done < <(configs_fidelity "$task")
+    done
+  done
+  machine "fidelity end"
+fi
+
+if ((speed)); then
+  if ! ip netns list >/dev/null 2>&1 || [[ $(id -u) != 0 ]]; then
+    echo "run.sh: the speed runs need root and ip netns; skipped" >&2
+    echo "speed skipped: needs root and ip netns" >> "$out/machine.txt"
+  else
+    trap '"$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1' EXIT
+    machine "speed start"
+    speed_tasks=""
+    for task in $tasks; do [[ $task == pufferfish_cnn ]] || speed_tasks+=" $task"; done
+    for task in $speed_tasks; do   # the limit: the same step on one rank, no communication
+      mkdir -p "$out/speed/local/$task"
+      # shellcheck disable=SC2086
+      run "$out/speed/local/$task/local.json" "$PYTHON" "$repo/examples/train/$task.py" $(task_args "$task") \
+        --backend local --epochs 1 --max-steps "$speed_steps"
+    done
+    for rate in $rates; do
+      "$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1
+      "$repo/bench/netns/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" > "$out/cluster-$rate.log" 2>&1 ||
+        { echo "run.sh: cluster.sh up failed: $(tail -1 "$out/cluster-$rate.log")" >&2; continue; }
+      for task in $speed_tasks; do
+        mkdir -p "$out/speed/$rate/$task"
+        while IFS=: read -r name args; do
+          [[ -z $only || $only == *",$name,"* ]] || continue
+          echo "speed $rate $task $name" >&2
+          # shellcheck disable=SC2086
+          run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/wire.sh" --name "$cluster" \
+            "$out/speed/$rate/$task/$name.wire" -- "$repo/bench/netns/run.sh" --name "$cluster" \
+            --timeout-s "$RUN_TIMEOUT" "$PYTHON" "$repo/examples/train/$task.py" $(task_args "$task") $args \
+            --epochs 1 --max-steps "$speed_steps"
+        done < <(configs_speed)
+      done
+      "$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1
+      machine "speed $rate end"
+    done
+  fi
+fi
+
+docs_arg=()
+((docs)) && docs_arg=(--docs "$repo/docs/training.md")
+"$PYTHON" "$here/report.py" "$out" --command "$command_line" --hosts "$hosts" "${docs_arg[@]}"

@@ -1,0 +1,330 @@
+"""What the training examples share: arguments, the distributed backends, sharding, timing, results.
+
+Every example trains one model data-parallel, each rank on its own shard of every batch, under
+one of three backends:
+
+  shoal   shoal.torch, written against Horovod's API (`import shoal.torch as hvd`):
+          DistributedOptimizer with --compression; started by shoalrun, mpirun, srun or
+          bench/netns/run.sh (rank, size and store come from SHOAL_* variables).
+  ddp     PyTorch DistributedDataParallel on gloo, the peer a user would pick instead, with
+          --ddp-hook none (dense), fp16 (torch's fp16_compress_hook) or powersgd (torch's
+          powerSGD_hook). Started the same way: rank and size as shoal reads them (SHOAL_RANK,
+          else mpirun's or srun's), the rendezvous at SHOAL_STORE's host, its port + 1 (--ddp-port).
+  local   one process, no communication: the same step on one rank, the limit a distributed
+          step can at best reach.
+
+--batch-size is per rank, so the step a rank computes is the same under every backend and
+world size. Each epoch is a permutation seeded by --seed and the epoch, identical on every rank;
+rank r takes every size-th sample from r on, so a run's data does not depend on the backend.
+"""
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd", "sketch")
+
+
+def parser(description, epochs, batch_size, lr):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                   help="shoal's compressor for the gradients (backend shoal)")
+    p.add_argument("--topk-ratio", type=float, default=0.01, help="topk: fraction of each tensor sent")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="powersgd: rank of the approximation")
+    p.add_argument("--powersgd-start-iter", type=int, default=0,
+                   help="powersgd: plain allreduces for the first N compressed calls")
+    p.add_argument("--sketch-values", default=None, help="sketch: values=auto|compact|sketch|dense")
+    p.add_argument("--sketch-index", default=None, help="sketch: index=bitmap|bloom")
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="samples per rank per step")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--max-steps", type=int, default=0, help="cap on steps per epoch (0: the whole epoch)")
+    p.add_argument("--train-subset", type=int, default=0, help="use only the first N training samples (0: all)")
+    p.add_argument("--backend", choices=("shoal", "ddp", "local"), default="shoal")
+    p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd"), default="none",
+                   help="backend ddp: torch's communication hook")
+    p.add_argument("--ddp-powersgd-rank", type=int, default=4, help="backend ddp: powerSGD_hook's rank")
+    p.add_argument("--ddp-port", type=int, default=0, help="backend ddp: rendezvous port (0: SHOAL_STORE's + 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--json", default=None, help="rank 0 writes the run's results here")
+    return p
+
+
+def compression(args):
+    """The shoal.torch Compression that --compression and its options name."""
+    import shoal.torch as hvd
+    c = args.compression
+    if c == "none":
+        return hvd.Compression.none
+    if c == "fp16":
+        return hvd.Compression.fp16
+    if c == "bf16":
+        return hvd.Compression.bf16
+    if c == "topk":
+        return hvd.Compression.topk(ratio=args.topk_ratio)
+    if c == "powersgd":
+        return hvd.Compression.powersgd(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter)
+    options = {}
+    if args.sketch_values:
+        options["values"] = args.sketch_values
+    if args.sketch_index:
+        options["index"] = args.sketch_index
+    return hvd.Compression.sketch(**options)
+
+
+def describe(args):
+    """A short name for the configuration, as the reports print it."""
+    if args.backend == "local":
+        return "local (1 rank, no communication)"
+    if args.backend == "ddp":
+        return "ddp gloo " + {"none": "dense", "fp16": "+ fp16_compress_hook",
+                              "powersgd": "+ powerSGD_hook r=%d" % args.ddp_powersgd_rank}[args.ddp_hook]
+    extra = {"topk": " ratio=%g" % args.topk_ratio,
+             "powersgd": " r=%d" % args.powersgd_rank}.get(args.compression, "")
+    return "shoal " + args.compression + extra
+
+
+def _interface_for(host):
+    """The name of the network interface this machine reaches host through (for gloo)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        local = probe.getsockname()[0]
+    finally:
+        probe.close()
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], stdout=subprocess.PIPE, check=True).stdout.decode()
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[3].split("/")[0] == local:
+            return fields[1]
+    raise RuntimeError("no interface holds %s, the address that reaches %s" % (local, host))
+
+
+def _launcher_rank_and_size():
+    """Rank and size as shoal reads them: SHOAL_RANK/SHOAL_WORLD_SIZE, else mpirun's or srun's."""
+    for rank, size in (("SHOAL_RANK", "SHOAL_WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       ("SLURM_PROCID", "SLURM_NTASKS")):
+        if os.environ.get(rank) and os.environ.get(size):
+            return int(os.environ[rank]), int(os.environ[size])
+    raise SystemExit("backend ddp: no rank in the environment (SHOAL_RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID); "
+                     "start it with shoalrun, mpirun, srun or bench/netns/run.sh")
+
+
+class Dist:
+    """The backend: rank and size, wrapping the model and optimizer, small reductions, the end."""
+
+    def __init__(self, args):
+        self.args = args
+        self.kind = args.backend
+        self.rank, self.size = 0, 1
+        if self.kind == "shoal":
+            import shoal.torch as hvd
+            self.hvd = hvd
+            hvd.init()
+            self.rank, self.size = hvd.rank(), hvd.size()
+        elif self.kind == "ddp":
+            import torch.distributed as dist
+            self.dist = dist
+            self.rank, self.size = _launcher_rank_and_size()
+            store = os.environ.get("SHOAL_STORE", "")
+            if not store.startswith("tcp://"):
+                raise SystemExit("backend ddp needs SHOAL_STORE=tcp://host:port (got %r)" % store)
+            host, port = store[len("tcp://"):].rsplit(":", 1)
+            port = args.ddp_port or int(port) + 1
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", _interface_for(host))
+            dist.init_process_group("gloo", init_method="tcp://%s:%d" % (host, port), rank=self.rank,
+                                    world_size=self.size)
+
+    def wrap(self, model, optimizer, compression_override=None):
+        """Returns (model to call, optimizer to step) for this backend, parameters made equal on every rank."""
+        if self.kind == "shoal":
+            hvd = self.hvd
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            chosen = compression_override if compression_override is not None else compression(self.args)
+            return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                   compression=chosen)
+        if self.kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            ddp = DistributedDataParallel(model)
+            if self.args.ddp_hook == "fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            elif self.args.ddp_hook == "powersgd":
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+                # start_powerSGD_iter must be > 1: DDP rebuilds its buckets after the first step.
+                state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                    matrix_approximation_rank=self.args.ddp_powersgd_rank,
+                                                    start_powerSGD_iter=2, random_seed=self.args.seed)
+                ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            return ddp, optimizer
+        return model, optimizer
+
+    def mean(self, values):
+        """The element-wise mean over ranks of a list of floats."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.kind == "shoal" and self.size > 1:
+            t = self.hvd.allreduce(t, name="train.mean", op=self.hvd.Average)
+        elif self.kind == "ddp":
+            self.dist.all_reduce(t)
+            t /= self.size
+        return t.tolist()
+
+    def identical(self, model):
+        """True when every rank holds bit-identical parameters (a digest of their bytes, compared)."""
+        digest = parameter_digest(model)
+        if self.kind == "shoal" and self.size > 1:
+            digests = self.hvd.allgather_object(digest, name="train.digest")
+        elif self.kind == "ddp":
+            digests = [None] * self.size
+            self.dist.all_gather_object(digests, digest)
+        else:
+            digests = [digest]
+        return all(d == digests[0] for d in digests)
+
+    def finish(self):
+        if self.kind == "shoal":
+            self.hvd.shutdown()
+        elif self.kind == "ddp":
+            self.dist.destroy_process_group()
+            # torch 1.13 can deadlock at interpreter exit after DDP with a comm hook (seen with
+            # fp16_compress_hook: ~ProcessGroupGloo joins a worker thread that waits for the GIL).
+            # Everything is written and flushed by now, so leave without the teardown.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def parameter_digest(model):
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def setup(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+
+def shard(n, epoch, seed, rank, size, batch, max_steps):
+    """This rank's sample indices for each step of an epoch: one permutation shared by all ranks."""
+    g = torch.Generator()
+    g.manual_seed(seed * 100003 + epoch)
+    order = torch.randperm(n, generator=g)
+    steps = n // (batch * size)
+    if max_steps:
+        steps = min(steps, max_steps)
+    if steps == 0:
+        raise SystemExit("%d training samples cannot fill one step of %d ranks x %d" % (n, size, batch))
+    mine = order[rank::size]
+    return [mine[s * batch:(s + 1) * batch] for s in range(steps)]
+
+
+class Recorder:
+    """Per-step times and per-epoch results; prints the epoch lines and the last `accuracy=` line."""
+
+    def __init__(self, args, dist, metric_name):
+        self.args, self.dist, self.metric = args, dist, metric_name
+        self.step_s = []
+        self.train_s = 0.0
+        self.epochs = []
+        self.extra = {}
+
+    def timed_step(self, step):
+        start = time.perf_counter()
+        loss = step()
+        elapsed = time.perf_counter() - start
+        self.step_s.append(elapsed)
+        self.train_s += elapsed
+        return loss
+
+    def epoch(self, epoch, losses, metrics):
+        """losses: this rank's step losses; metrics: dict of test metrics (rank-independent)."""
+        mean_loss = self.dist.mean([sum(losses) / max(1, len(losses))])[0]
+        row = {"epoch": epoch, "loss": mean_loss, "train_s": self.train_s}
+        row.update(metrics)
+        self.epochs.append(row)
+        if self.dist.rank == 0:
+            text = " ".join("%s=%.4f" % (k, v) for k, v in metrics.items())
+            print("epoch %d/%d loss=%.4f %s train_s=%.2f step_ms=%.2f" % (
+                epoch, self.args.epochs, mean_loss, text, self.train_s, 1e3 * self._recent_step()), flush=True)
+
+    def _recent_step(self):
+        recent = self.step_s[-20:]
+        return sum(recent) / max(1, len(recent))
+
+    def step_stats(self):
+        """Mean and median step time, the first 3 steps (warm-up, DDP's bucket rebuild) left out."""
+        kept = sorted(self.step_s[3:] or self.step_s)
+        mean = sum(kept) / len(kept)
+        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(self.step_s)}
+
+    def finish(self, model, final_metric):
+        # Every rank must take part in the digest exchange; only rank 0 reports.
+        identical = self.dist.identical(model)
+        stats = self.step_stats()
+        if self.dist.rank == 0:
+            print("step_ms_mean=%.3f step_ms_median=%.3f steps=%d ranks=%d config=%s" % (
+                stats["step_ms_mean"], stats["step_ms_median"], stats["steps"], self.dist.size,
+                describe(self.args).replace(" ", "_")), flush=True)
+            print("identical=%d" % int(identical), flush=True)
+            if self.args.json:
+                result = {"script": os.path.basename(sys.argv[0]), "config": describe(self.args),
+                          "args": vars(self.args), "ranks": self.dist.size, "epochs": self.epochs,
+                          "identical": identical, self.metric: final_metric, "metric": self.metric}
+                result.update(stats)
+                result.update(self.extra)
+                with open(self.args.json, "w") as f:
+                    json.dump(result, f, indent=1)
+            print("accuracy=%.6f" % final_metric, flush=True)
+
+
+def digits(subset=0):
+    """scikit-learn's digits (1797 8x8 images, shipped inside the package): a fixed 1437/360
+    train/test split, pixels standardized. Returns (x_train, y_train, x_test, y_test)."""
+    data = _digits_array()
+    x = torch.tensor(data[:, :64], dtype=torch.float32)
+    x = (x - x.mean()) / x.std()  # one scale for every pixel: zero mean, unit variance
+    y = torch.tensor(data[:, 64], dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(12345))
+    x, y = x[order], y[order]
+    train, test = torch.arange(1437), torch.arange(1437, len(y))
+    if subset:
+        train = train[:subset]
+    return x[train], y[train], x[test], y[test]
+
+
+def _digits_array():
+    """The digits as a [1797, 65] array (64 pixels, then the label). Read straight from the file
+    scikit-learn ships, since importing sklearn costs seconds per rank; load_digits() otherwise."""
+    import gzip
+    import importlib.util
+    import numpy
+    spec = importlib.util.find_spec("sklearn")
+    if spec and spec.origin:
+        path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            with gzip.open(path) as f:
+                return numpy.loadtxt(f, delimiter=",")
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    return numpy.concatenate([data.data, data.target[:, None]], axis=1)
+
+
+def classify(model, x, y, batch=512):
+    """Test accuracy of a classifier."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(y), batch):
+            correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    return correct / len(y)

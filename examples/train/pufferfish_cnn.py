@@ -1,0 +1,133 @@
+"""Pufferfish on a small CNN: full rank first, then factorized layers, on digits as 8x8 images.
+
+    shoalrun -np 2 python3 examples/train/pufferfish_cnn.py --epochs 8 --warmup-frac 0.25
+    shoalrun -np 2 python3 examples/train/pufferfish_cnn.py --compression powersgd --after-compression none
+
+The CNN (conv1 1->32, conv2 32->64, pool, conv3 64->128, pool, fc1 512->256, fc2 256->10;
+225 k parameters) trains full rank for the first --warmup-frac of the epochs with
+--compression (PowerSGD during the warm-up is Pufferfish's "powerfish" mode). Then
+shoal.torch.pufferfish.factorize_model replaces conv2, conv3 and fc1 by pairs of thinner
+layers at rank min(out, in*k*k) / --rank-factor (conv1 and fc2, the first and last layers,
+stay full rank, as in Pufferfish's hybrid networks), identically on every rank; a new
+optimizer trains the factorized model on with --after-compression (default: --compression).
+--warmup-frac 1 trains full rank throughout and needs no factorization.
+
+Prints per-epoch loss and test accuracy and, last on rank 0, `accuracy=<x>`.
+"""
+import math
+import os
+import sys
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+FULL_RANK = ("conv1", "fc2")   # the first and the last layer stay full rank
+
+
+def cnn():
+    return nn.Sequential(OrderedDict([
+        ("conv1", nn.Conv2d(1, 32, 3, padding=1)), ("relu1", nn.ReLU()),
+        ("conv2", nn.Conv2d(32, 64, 3, padding=1)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("conv3", nn.Conv2d(64, 128, 3, padding=1)), ("relu3", nn.ReLU()), ("pool3", nn.MaxPool2d(2)),
+        ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(512, 256)), ("relu4", nn.ReLU()),
+        ("fc2", nn.Linear(256, 10)),
+    ]))
+
+
+def factorize(model, args):
+    """The model with conv2, conv3 and fc1 factorized by shoal.torch.pufferfish (issue 14)."""
+    try:
+        from shoal.torch import pufferfish
+    except ImportError as error:
+        raise SystemExit("pufferfish_cnn.py: the factorization step needs shoal.torch.pufferfish "
+                         "(factorize_model), which this shoal does not have (%s). Train full rank only with "
+                         "--warmup-frac 1." % error)
+    factorized, names = pufferfish.factorize_model(model, rank_factor=args.rank_factor, skip=FULL_RANK)
+    return factorized, names
+
+
+def parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def main():
+    p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=16, lr=0.05)
+    p.add_argument("--warmup-frac", type=float, default=0.25,
+                   help="fraction of the epochs trained full rank before factorizing (1: never factorize)")
+    p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
+    p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
+                   help="compressor after the factorization (default: --compression)")
+    p.add_argument("--after-lr", type=float, default=None,
+                   help="learning rate after the factorization (default: --lr / 10: a factor pair's "
+                        "product moves faster than the weight it replaces, and the full rate diverged)")
+    p.add_argument("--fused", action="store_true",
+                   help="after the factorization, every gradient in one uncompressed allreduce "
+                        "(shoal.torch.pufferfish.allreduce_gradients, as Pufferfish does) instead of "
+                        "DistributedOptimizer's per-parameter requests")
+    args = p.parse_args()
+    common.setup(args)
+    dist = common.Dist(args)
+    x_train, y_train, x_test, y_test = common.digits(args.train_subset)
+    x_train, x_test = x_train.view(-1, 1, 8, 8), x_test.view(-1, 1, 8, 8)
+    warmup = args.epochs if args.warmup_frac >= 1 else max(1, math.ceil(args.warmup_frac * args.epochs))
+    if args.backend == "ddp" and warmup < args.epochs:
+        raise SystemExit("pufferfish_cnn.py: backend ddp trains full rank only (--warmup-frac 1): the "
+                         "factorization runs through shoal")
+
+    base = cnn()
+    optimizer = torch.optim.SGD(base.parameters(), lr=args.lr, momentum=0.9)
+    model, optimizer = dist.wrap(base, optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    record = common.Recorder(args, dist, "accuracy")
+    record.extra = {"parameters_full_rank": parameters(base), "warmup_epochs": warmup}
+
+    for epoch in range(1, args.epochs + 1):
+        if epoch == warmup + 1:
+            base, _ = factorize(base, args)
+            after_lr = args.after_lr if args.after_lr is not None else args.lr / 10
+            optimizer = torch.optim.SGD(base.parameters(), lr=after_lr, momentum=0.9)
+            after = args.after_compression or args.compression
+            if args.fused and dist.kind == "shoal":
+                from shoal.torch import pufferfish
+                dist.hvd.broadcast_parameters(base.state_dict(), root_rank=0)
+                model, after, plain = base, "fused allreduce", optimizer
+
+                class Fused:  # the optimizer's interface, with one fused allreduce before each step
+                    zero_grad = plain.zero_grad
+
+                    @staticmethod
+                    def step():
+                        pufferfish.allreduce_gradients(base)
+                        plain.step()
+                optimizer = Fused
+            else:
+                saved, args.compression = args.compression, after
+                model, optimizer = dist.wrap(base, optimizer)
+                args.compression = saved
+            record.extra["parameters_factorized"] = parameters(base)
+            if dist.rank == 0:
+                print("factorized after epoch %d: %d -> %d parameters, then --compression %s" % (
+                    warmup, record.extra["parameters_full_rank"], parameters(base), after), flush=True)
+        losses = []
+        for idx in common.shard(len(y_train), epoch, args.seed, dist.rank, dist.size, args.batch_size,
+                                args.max_steps):
+            def step():
+                optimizer.zero_grad()
+                loss = loss_fn(model(x_train[idx]), y_train[idx])
+                loss.backward()
+                optimizer.step()
+                return loss.item()
+            losses.append(record.timed_step(step))
+        record.epoch(epoch, losses, {"accuracy": common.classify(model, x_test, y_test)})
+
+    record.finish(base, record.epochs[-1]["accuracy"])
+    dist.finish()
+
+
+if __name__ == "__main__":
+    main()

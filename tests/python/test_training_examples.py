@@ -1,0 +1,101 @@
+"""Smoke test of the training examples (examples/train/): every example with every compressor,
+2 ranks under shoalrun, 2 short epochs. Each run must make the training loss fall and reach an
+accuracy floor well above chance; with the sketch (lossless) every rank must end with
+bit-identical parameters. The full runs are benchmarks (bench/train/run.sh), not tests.
+
+Needs SHOAL_LIBRARY (the libshoal.so under test; shoalrun is taken from the same build tree),
+as scripts/test_python.sh sets it. Skips only when torch is absent.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(ROOT, "examples", "train")
+COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd", "sketch")
+
+# Small runs: (script, arguments, metric, floor). Chance is 0.1 for every metric here (ten
+# digit classes; hit rate at 10 among 100 candidates); the floors sit far above it and below
+# what each run reached on a loaded 2-core machine (docs/training.md).
+RUNS = {
+    "digits_mlp": ("digits_mlp.py", ["--epochs", "2", "--max-steps", "12"], "accuracy", 0.6),
+    "embeddings": ("embeddings.py", ["--epochs", "2", "--users", "20000", "--items", "4000",
+                                     "--interactions", "8192", "--test", "500"], "hit_rate", 0.25),
+    "pufferfish_cnn": ("pufferfish_cnn.py", ["--epochs", "2", "--warmup-frac", "1", "--max-steps", "30"],
+                       "accuracy", 0.3),
+}
+
+
+def _library():
+    path = os.environ.get("SHOAL_LIBRARY")
+    if not path:
+        pytest.fail("SHOAL_LIBRARY is not set; run the tests through scripts/test_python.sh <build dir>")
+    return path
+
+
+def _shoalrun():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_library()))), "bin", "shoalrun")
+    if not os.path.exists(path):
+        pytest.fail("shoalrun not found at %s (build the shoalrun target)" % path)
+    return path
+
+
+def train(script, args, tmp_path, timeout_s=150):
+    """Runs an example on 2 ranks; returns (exit status, output, rank 0's JSON results or None)."""
+    result = tmp_path / "result.json"
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "bindings", "python"),
+                                                      env.get("PYTHONPATH")]))
+    command = [_shoalrun(), "-np", "2", "--timeout-s", str(timeout_s), sys.executable,
+               os.path.join(EXAMPLES, script)] + args + ["--json", str(result)]
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                          timeout=timeout_s + 30)
+    out = proc.stdout.decode(errors="replace")
+    data = json.loads(result.read_text()) if result.exists() else None
+    return proc.returncode, out, data
+
+
+def check_training(out, data, metric, floor):
+    assert data is not None, out
+    epochs = data["epochs"]
+    assert len(epochs) == 2, out
+    assert epochs[1]["loss"] < epochs[0]["loss"], "the loss did not fall:\n" + out
+    assert data[metric] >= floor, "%s %.4f is under the floor %.2f:\n%s" % (metric, data[metric], floor, out)
+    # The last line rank 0 prints is the final metric.
+    last = [line for line in out.splitlines() if line.startswith("[0] ")][-1]
+    assert last == "[0] accuracy=%.6f" % data[metric], out
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@pytest.mark.parametrize("example", sorted(RUNS))
+def test_example_trains(example, compression, tmp_path):
+    pytest.importorskip("torch")
+    script, args, metric, floor = RUNS[example]
+    rc, out, data = train(script, args + ["--compression", compression, "--seed", "1"], tmp_path)
+    assert rc == 0, out
+    check_training(out, data, metric, floor)
+    assert data["config"].startswith("shoal " + compression), out
+    if compression == "sketch":
+        # Lossless and the same on every rank: a digest of every rank's parameters, compared.
+        assert data["identical"] is True, "ranks ended with different parameters under the sketch:\n" + out
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_pufferfish_factorizes(fused, tmp_path):
+    """Full rank for the first epoch, then shoal.torch.pufferfish's factorized model, its gradients
+    through DistributedOptimizer or (fused) in one allreduce."""
+    pytest.importorskip("torch")
+    rc, out, data = train("pufferfish_cnn.py", ["--epochs", "2", "--warmup-frac", "0.5", "--max-steps", "30",
+                                                "--seed", "1"] + (["--fused"] if fused else []), tmp_path)
+    if rc != 0 and "needs shoal.torch.pufferfish" in out:
+        # The script's own error, not a crash: shoal.torch.pufferfish (issue 14) is not there yet.
+        pytest.xfail("shoal.torch.pufferfish is not in this shoal yet")
+    assert rc == 0, out
+    check_training(out, data, "accuracy", 0.3)
+    assert data["parameters_factorized"] < data["parameters_full_rank"], out
+    assert data["identical"] is True, "ranks ended with different factorized parameters:\n" + out
