@@ -72,8 +72,10 @@ for c in configs:
     for path in sorted(glob.glob(f"{out}/raw/{c}.*.json")):
         j = json.load(open(path))
         r = j["results"][0]
-        times.append(float(r["oop"]["time_us"]))
-        wrong += int(j.get("wrong", 0))
+        # shoal-bench -J (nccl-tests' schema): the slowest rank's time, as the ring rows report.
+        oop, ip = r["out_of_place"], r["in_place"]
+        times.append(float(oop.get("time_max", oop.get("time"))))
+        wrong += sum(int(m.get("nwrong") or 0) for m in (oop, ip))
         nbytes = r["size"]
     if times:
         rows[c] = (statistics.median(times), wrong, nbytes)

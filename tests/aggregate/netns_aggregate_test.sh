@@ -29,13 +29,13 @@ SHOAL_AGGREGATOR=$("$netns/aggregate.sh" start --name "$name" --bin "$bin") || {
 export SHOAL_AGGREGATOR
 echo "aggregator: $SHOAL_AGGREGATOR"
 fail=0
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+field() { python3 -c 'import functools,json,sys; print(functools.reduce(lambda d, k: d[k], sys.argv[2].split("."), json.load(open(sys.argv[1]))))' "$1" "$2"; }
 
 for c in none sketch; do
   echo "== $c allreduce through the aggregator, 4 MiB"
   "$netns/run.sh" --name "$name" --timeout-s 60 "$bin/shoal-bench" -b 4M -e 4M -n 2 -w 1 --compressor "$c" \
     --density 0.01 --json "$tmp/$c.json" | grep -v "#  Rank" || { echo "FAIL: $c (non-zero exit)"; fail=1; }
-  [[ -s "$tmp/$c.json" && "$(field "$tmp/$c.json" wrong)" == 0 ]] || { echo "FAIL: $c: wrong elements or no result"; fail=1; }
+  [[ -s "$tmp/$c.json" && "$(field "$tmp/$c.json" out_of_bounds.count)" == 0 ]] || { echo "FAIL: $c: wrong elements or no result"; fail=1; }
 done
 
 echo "== the aggregator stopped: every rank fails"
