@@ -24,8 +24,11 @@ void runSteps(const char* compressor, int steps) {
   shoal::test::runRanks(2, [&](int rank, shoal_comm_t comm) {
     std::vector<float> data(256);
     for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i % 7 + rank + 1);  // dense, 1-D
+    // One persistent output buffer, as a training loop has: an unnamed call's key
+    // follows its output buffer (a fresh allocation per step would be a new tensor,
+    // and allocators such as ASan's never hand back the same address).
+    std::vector<float> output(data.size());
     for (int step = 0; step < steps; ++step) {
-      std::vector<float> output(data.size());
       ASSERT_EQ(shoal_allreduce(comm, data.data(), output.data(), data.size(), SHOAL_F32, SHOAL_SUM), SHOAL_OK)
           << compressor << ": " << shoal_last_error(comm);
     }
