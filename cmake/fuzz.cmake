@@ -10,7 +10,7 @@
 # tests/fuzz/fuzz_<name>.cc, registered with ctest under the label "fuzz"
 # (SHOAL_FUZZ_SECONDS each; scripts/test_fuzz.sh runs them).
 option(SHOAL_FUZZ "Build the libFuzzer targets of tests/fuzz (needs clang)" OFF)
-set(SHOAL_FUZZ_SECONDS 60 CACHE STRING "How long ctest runs each fuzz target, in seconds")
+set(SHOAL_FUZZ_SECONDS 40 CACHE STRING "How long ctest runs each fuzz target, in seconds")
 
 if(SHOAL_SANITIZE)
   string(REPLACE " " "" SHOAL_SANITIZE_LIST "${SHOAL_SANITIZE}")
