@@ -14,6 +14,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_BUILD_
 cmake --build "$build" -j "$(nproc)"
 # Each test has its own deadline; a hang fails the run instead of stalling it.
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j 1 "$@"
+# The Python tests: pytest over tests/python (bindings, shoal.torch, the training examples)
+# under Debian's /usr/bin/python3; pytest's "no tests collected" counts as a failure.
 bash scripts/test_python.sh "$build"
 
 # The CPU-only configuration (SHOAL_WITH_CUDA=OFF) is the clang ASan+UBSan one:

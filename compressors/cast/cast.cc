@@ -25,7 +25,7 @@
 #include "compressors/common/text.h"
 #include "collectives/common/element_ops.h"
 #include "collectives/common/half_convert.h"
-#include "plugin/driver.h"
+#include "core/tensor.h"
 #include "shoal/compressor.h"
 
 #if SHOAL_WITH_CUDA
@@ -125,7 +125,7 @@ void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
   Format format = static_cast<Instance*>(instance)->format;
   auto* state = new OpState;
-  for (int t = 0; t < op->num_tensors; ++t) state->count += plugin::elementsCount(op->tensors[t].input);
+  for (int t = 0; t < op->num_tensors; ++t) state->count += shoal::elementsCount(op->tensors[t].input);
   if (op->num_tensors > 0) {
     if (shoal_status_t status = checkMemory(format, op, state); status != SHOAL_OK) {
       delete state;
@@ -164,7 +164,7 @@ shoal_status_t roundOnDevice(Format format, OpState* state, shoal_compress_op_t*
   size_t offset = 0;
   for (int t = 0; t < op->num_tensors && error == nullptr; ++t) {
     const shoal_compress_tensor_t& tensor = op->tensors[t];
-    size_t count = plugin::elementsCount(tensor.input);
+    size_t count = shoal::elementsCount(tensor.input);
     uint16_t* slice = state->devicePayload + offset;
     offset += count;
     if (round->index == 0)
@@ -206,7 +206,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   size_t offset = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_compress_tensor_t& tensor = op->tensors[t];
-    size_t count = plugin::elementsCount(tensor.input);
+    size_t count = shoal::elementsCount(tensor.input);
     uint16_t* slice = state->payload.data() + offset;
     offset += count;
     bool isDouble = tensor.input.dtype == SHOAL_F64;

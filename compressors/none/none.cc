@@ -2,9 +2,10 @@
 // default) skips the driver altogether; this table exists so that "none" is
 // listed, passes the conformance suite like any compressor, and shows the
 // smallest possible compressor.
+#include <cstdio>
 #include <cstring>
 
-#include "plugin/driver.h"
+#include "core/tensor.h"
 #include "shoal/compressor.h"
 
 namespace shoal::compressors {
@@ -40,7 +41,7 @@ shoal_status_t round(void*, void*, shoal_compress_op_t* op, shoal_round_t* round
   round->num_payloads = op->num_tensors;
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_compress_tensor_t& tensor = op->tensors[t];
-    size_t count = plugin::elementsCount(tensor.input);
+    size_t count = shoal::elementsCount(tensor.input);
     if (tensor.output.data != tensor.input.data)
       std::memcpy(tensor.output.data, tensor.input.data, count * shoal_dtype_size(tensor.input.dtype));
     shoal_payload_t& payload = round->payloads[t];

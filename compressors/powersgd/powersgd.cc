@@ -67,7 +67,7 @@
 #include "compressors/common/text.h"
 #include "compressors/powersgd/powersgd_engine.h"
 #include "compressors/powersgd/powersgd_math.h"
-#include "plugin/driver.h"
+#include "core/tensor.h"
 #if SHOAL_WITH_CUDA
 #include "compressors/powersgd/powersgd_cuda.h"
 #endif
@@ -253,7 +253,7 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   std::vector<Shape> shapes(op->num_tensors);
   for (int t = 0; t < op->num_tensors; ++t) {
     const shoal_tensor_t& input = op->tensors[t].input;
-    const size_t count = plugin::elementsCount(input);
+    const size_t count = shoal::elementsCount(input);
     const size_t rows = input.ndim >= 2 && count ? static_cast<size_t>(input.shape[0]) : count;
     shapes[t] = shapeOf(rows, rows ? count / rows : 0, instance->options.rank, instance->options.minCompressionRate,
                         input.ndim < 2);

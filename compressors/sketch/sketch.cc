@@ -100,7 +100,7 @@
 #include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
-#include "plugin/driver.h"
+#include "core/tensor.h"
 #include "shoal/compressor.h"
 
 namespace shoal::compressors {
@@ -255,7 +255,7 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
   size_t words = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = state->plans[t];
-    plan.count = plugin::elementsCount(op->tensors[t].input);
+    plan.count = shoal::elementsCount(op->tensors[t].input);
     plan.wordOffset = words;
     // The index's kind and size follow from the options and the shape alone: agreed without a round trip.
     if (inst.bloom) plan.bloom = bloomGeometry(plan.count, inst.expectedDensity, mix64(op->step * 0xa0761d6478bd642full + uint64_t(t)));

@@ -16,7 +16,7 @@
 #include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
-#include "plugin/driver.h"
+#include "core/tensor.h"
 
 namespace shoal::compressors::sketch_impl {
 namespace {
@@ -286,7 +286,7 @@ shoal_status_t deviceStart(const Instance& inst, shoal_compress_op_t* op, void**
   s->plans.resize(op->num_tensors);
   for (int t = 0; t < op->num_tensors; ++t) {
     DevicePlan& plan = s->plans[t];
-    plan.count = plugin::elementsCount(op->tensors[t].input);
+    plan.count = shoal::elementsCount(op->tensors[t].input);
     plan.wordOffset = s->indexWords;
     if (inst.bloom)
       plan.bloom = bloomGeometry(plan.count, inst.expectedDensity, mix64(op->step * 0xa0761d6478bd642full + uint64_t(t)));

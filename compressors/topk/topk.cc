@@ -65,7 +65,7 @@
 #include "compressors/common/payload.h"
 #include "compressors/common/text.h"
 #include "compressors/topk/topk_math.h"
-#include "plugin/driver.h"
+#include "core/tensor.h"
 #include "shoal/compressor.h"
 
 #if SHOAL_WITH_CUDA
@@ -414,10 +414,10 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
       }
     if (tensor.input.memory == SHOAL_MEMORY_CUDA) {
 #if SHOAL_WITH_CUDA
-      if (plugin::elementsCount(tensor.input) > topk::kMaxDeviceCount) {
+      if (shoal::elementsCount(tensor.input) > topk::kMaxDeviceCount) {
         writeText(op->error_text, op->error_text_size,
                   "topk: CUDA tensor %d has %zu elements; the GPU path takes at most 2^32 - 1 per tensor (split it)",
-                  t, plugin::elementsCount(tensor.input));
+                  t, shoal::elementsCount(tensor.input));
         return SHOAL_ERR_UNSUPPORTED;
       }
 #else
@@ -444,7 +444,7 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   size_t total = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
     state->offsets[t] = total;
-    total += plugin::elementsCount(op->tensors[t].input);
+    total += shoal::elementsCount(op->tensors[t].input);
   }
   state->offsets[op->num_tensors] = total;
   // Check or create every residual here, before any payload moves: a refusal

@@ -42,12 +42,6 @@ CompressorChoice resolveCompressor(const char* callCompressor, const char* callO
   return choice;
 }
 
-size_t elementsCount(const shoal_tensor_t& tensor) {
-  size_t count = 1;
-  for (int d = 0; d < tensor.ndim; ++d) count *= static_cast<size_t>(tensor.shape[d]);
-  return count;
-}
-
 CompressorInstance::CompressorInstance(const shoal_compressor_t* table, const std::string& options)
     : table_(table), options_(options) {
   ParsedOptions parsed = parseOptions(options);

@@ -3,6 +3,8 @@
 // decides per call whether to compress at all.
 #pragma once
 
+#include "core/tensor.h"
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,7 +65,7 @@ class CompressorCache {
 };
 
 // Elements of a tensor: the product of its shape (1 for a scalar).
-size_t elementsCount(const shoal_tensor_t& tensor);
+using ::shoal::elementsCount;  // lib/core/tensor.h
 
 struct CompressStats {
   std::string compressor = "none";
