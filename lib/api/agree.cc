@@ -12,7 +12,7 @@ namespace {
 // transport sees only the 19 tag bits).
 thread_local const CallSignature* currentCall = nullptr;
 
-constexpr int kKindBits = 3, kDtypeBits = 4, kOpBits = 3, kDigestBits = 8;
+constexpr int kKindBits = 4, kDtypeBits = 4, kOpBits = 3, kDigestBits = 7;
 constexpr int kDtypeShift = kKindBits, kOpShift = kDtypeShift + kDtypeBits, kCompressedShift = kOpShift + kOpBits,
               kDigestShift = kCompressedShift + 1;
 static_assert(kDigestShift + kDigestBits == kSignatureBits, "the signature fills the tag's signature field");
@@ -30,10 +30,22 @@ uint64_t mix(uint64_t hash, uint64_t value) {
   return hash ^ (hash >> 29);
 }
 
+// Rooted calls without an op carry the root where others carry the op.
+bool rootInOpField(uint32_t kind) {
+  switch (static_cast<CallKind>(kind)) {
+    case CallKind::Broadcast: case CallKind::Gather: case CallKind::Gatherv: case CallKind::Scatter:
+    case CallKind::Scatterv: return true;
+    default: return false;
+  }
+}
+
 const char* kindText(uint32_t kind) {
-  static const char* const names[] = {"an internal collective", "allreduce",     "allgather", "broadcast",
-                                      "reduce_scatter",         "barrier",       "another call", "?"};
-  return names[kind & 7];
+  static const char* const names[] = {
+      "an internal collective", "allreduce", "allgather", "broadcast", "reduce_scatter", "barrier",
+      "another call",           "alltoall",  "alltoallv", "send/recv", "reduce",         "gather",
+      "gatherv",                "scatter",   "scatterv",  "comm_split"};
+  static_assert(sizeof(names) / sizeof(names[0]) == 1u << kKindBits, "a name for every kind");
+  return names[kind & ((1u << kKindBits) - 1)];
 }
 
 }  // namespace
@@ -58,10 +70,10 @@ uint32_t CallSignature::word() const {
   digest ^= digest >> 32;
   digest ^= digest >> 16;
   digest ^= digest >> 8;
-  uint32_t opOrRoot = kind == CallKind::Broadcast ? static_cast<uint32_t>(root) : static_cast<uint32_t>(op);
+  uint32_t opOrRoot = rootInOpField(static_cast<uint32_t>(kind)) ? static_cast<uint32_t>(root) : static_cast<uint32_t>(op);
   return static_cast<uint32_t>(kind) | (static_cast<uint32_t>(dtype + 1) & 15u) << kDtypeShift |
          (opOrRoot & 7u) << kOpShift | uint32_t(compressed) << kCompressedShift |
-         static_cast<uint32_t>(digest & 0xff) << kDigestShift;
+         static_cast<uint32_t>(digest & ((1u << kDigestBits) - 1)) << kDigestShift;
 }
 
 std::string CallSignature::describe() const {
@@ -111,9 +123,9 @@ std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_
     add(fmt::format("the dtype (this rank: {}, rank {}: {})", dtypeText(int(myDtype) - 1), peer,
                     dtypeText(int(theirDtype) - 1)));
   uint32_t myOp = field(mine, kOpShift, kOpBits), theirOp = field(theirs, kOpShift, kOpBits);
-  bool broadcast = field(mine, 0, kKindBits) == uint32_t(CallKind::Broadcast);
+  bool rooted = rootInOpField(field(mine, 0, kKindBits));
   if (myOp != theirOp && field(mine, 0, kKindBits) == field(theirs, 0, kKindBits))
-    add(broadcast ? std::string("the root")
+    add(rooted ? std::string("the root")
                   : fmt::format("the op (this rank: {}, rank {}: {})", opText(int(myOp)), peer, opText(int(theirOp))));
   bool myCompressed = field(mine, kCompressedShift, 1), theirCompressed = field(theirs, kCompressedShift, 1);
   if (myCompressed != theirCompressed)

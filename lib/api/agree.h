@@ -20,13 +20,31 @@ struct shoal_comm;
 
 namespace shoal {
 
-enum class CallKind : uint8_t { Internal = 0, Allreduce, Allgather, Broadcast, ReduceScatter, Barrier, Other };
+// Four bits in the tag: at most 16 kinds.
+enum class CallKind : uint8_t {
+  Internal = 0,
+  Allreduce,
+  Allgather,
+  Broadcast,
+  ReduceScatter,
+  Barrier,
+  Other,
+  Alltoall,
+  Alltoallv,
+  SendRecv,
+  Reduce,
+  Gather,
+  Gatherv,
+  Scatter,
+  Scatterv,
+  Split,
+};
 
 struct CallSignature {
   CallKind kind = CallKind::Internal;
   int dtype = -1;          // shoal_dtype_t, -1 where the call has none
   int op = -1;             // shoal_op_t, -1 where the call has none
-  int root = -1;           // broadcast only
+  int root = -1;           // rooted calls (broadcast, reduce, gather, scatter)
   uint64_t count = 0;      // elements (allgather: of every rank together)
   uint64_t layout = 0;     // allgatherv: every rank's count, hashed
   // Views of text that outlives the call: the algorithm tables' names, the
@@ -36,8 +54,8 @@ struct CallSignature {
   std::string_view compressor;  // with its options, when compressed
   std::string_view options;
 
-  // The 19 bits the tags carry: kind (3), dtype (4), op or root mod 8 (3),
-  // compressed (1), and an 8-bit digest of count, layout, root, algorithm,
+  // The 19 bits the tags carry: kind (4), dtype (4), op or root mod 8 (3),
+  // compressed (1), and a 7-bit digest of count, layout, root, algorithm,
   // compressor and options.
   uint32_t word() const;
   // For error text: "allreduce(count 6, f32, sum, algorithm doubling, plain)".
