@@ -4,13 +4,13 @@
 #include <memory>
 #include <string>
 
+#include "api/export.h"
 #include "api/checks.h"
 #include "api/comm.h"
 #include "collectives/common/reducer.h"
 #include "core/config.h"
 #include "runtime/engine.h"
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 struct shoal_request {
   std::shared_ptr<shoal::runtime::Request> request;

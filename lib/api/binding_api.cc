@@ -3,6 +3,7 @@
 // sizes of the public structs so a binding can check its mirrors at import.
 #include <cstring>
 
+#include "api/export.h"
 #include "api/comm.h"
 #include "shoal/compressor.h"
 #include "shoal/lowrank.h"
@@ -11,7 +12,6 @@ static_assert(SHOAL_VERSION_MAJOR == SHOAL_PROJECT_VERSION_MAJOR && SHOAL_VERSIO
                   SHOAL_VERSION_PATCH == SHOAL_PROJECT_VERSION_PATCH,
               "include/shoal/shoal.h's SHOAL_VERSION_* differ from CMakeLists.txt's project(VERSION)");
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 SHOAL_EXPORT shoal_status_t shoal_get_version(int* version) {
   return shoal::guarded(nullptr, [&] {

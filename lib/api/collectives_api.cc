@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "api/export.h"
 #include "api/agree.h"
 #include "api/checks.h"
 #include "aggregate/client.h"
@@ -17,7 +18,6 @@
 namespace shoal {
 namespace {
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 void checkDtype(const char* call, shoal_dtype_t dtype) {
   if (dtypeSize(dtype) == 0)

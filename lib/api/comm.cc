@@ -1,6 +1,7 @@
 // Communicator life cycle: discovery of rank, size and store from the config
 // struct or the environment, rendezvous, transport connection, and a first
 // collective that checks every rank agrees on the configuration.
+#include "api/export.h"
 #include "api/comm.h"
 
 #include <cstdlib>
@@ -141,9 +142,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
 
 using shoal::guarded;
 
-extern "C" {
-
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_init_config(const shoal_config_t* config,
+SHOAL_EXPORT shoal_status_t shoal_comm_init_config(const shoal_config_t* config,
                                                                              shoal_comm_t* comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_init: comm (the out-parameter) is NULL");
@@ -162,11 +161,11 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_init_config(con
   });
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_init(shoal_comm_t* comm) {
+SHOAL_EXPORT shoal_status_t shoal_comm_init(shoal_comm_t* comm) {
   return shoal_comm_init_config(nullptr, comm);
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_comm_t comm) {
+SHOAL_EXPORT shoal_status_t shoal_comm_finalize(shoal_comm_t comm) {
   return guarded(comm, [&] {
     if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: comm is NULL");
     if (comm->finalized) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: already finalized");
@@ -178,7 +177,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_finalize(shoal_
   });
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_destroy(shoal_comm_t comm) {
+SHOAL_EXPORT shoal_status_t shoal_comm_destroy(shoal_comm_t comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) return;
     if (comm->engine) comm->engine->shutdown();
@@ -189,7 +188,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_destroy(shoal_c
   });
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_rank(shoal_comm_t comm, int* rank) {
+SHOAL_EXPORT shoal_status_t shoal_comm_rank(shoal_comm_t comm, int* rank) {
   return guarded(comm, [&] {
     shoal_comm& c = shoal::usableComm(comm, "shoal_comm_rank");
     if (rank == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_rank: rank (the out-parameter) is NULL");
@@ -197,7 +196,7 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_rank(shoal_comm
   });
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_comm_size(shoal_comm_t comm, int* size) {
+SHOAL_EXPORT shoal_status_t shoal_comm_size(shoal_comm_t comm, int* size) {
   return guarded(comm, [&] {
     shoal_comm& c = shoal::usableComm(comm, "shoal_comm_size");
     if (size == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_size: size (the out-parameter) is NULL");
@@ -205,15 +204,14 @@ __attribute__((visibility("default"))) shoal_status_t shoal_comm_size(shoal_comm
   });
 }
 
-__attribute__((visibility("default"))) const char* shoal_last_error(shoal_comm_t comm) {
+SHOAL_EXPORT const char* shoal_last_error(shoal_comm_t comm) {
   return comm != nullptr ? comm->lastError.c_str() : shoal::threadLastError.c_str();
 }
 
-__attribute__((visibility("default"))) shoal_status_t shoal_config_print(FILE* out, int markdown) {
+SHOAL_EXPORT shoal_status_t shoal_config_print(FILE* out, int markdown) {
   return guarded(nullptr, [&] {
     if (out == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_config_print: out is NULL");
     shoal::config::print(out, markdown != 0);
   });
 }
 
-}  // extern "C"

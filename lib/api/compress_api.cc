@@ -2,12 +2,12 @@
 // checkpoints, and the list of compressors.
 #include <cstring>
 
+#include "api/export.h"
 #include "api/comm.h"
 #include "shoal/compressor.h"
 #include "core/config.h"
 #include "plugin/registry.h"
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace shoal;
 

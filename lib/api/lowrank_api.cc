@@ -7,13 +7,13 @@
 #include <limits>
 #include <vector>
 
+#include "api/export.h"
 #include "api/comm.h"
 #include "api/run.h"
 #include "runtime/blocking.h"
 #include "collectives/common/reducer.h"
 #include "shoal/lowrank.h"
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace shoal;
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "api/export.h"
 #include "api/comm.h"
 #include "api/run.h"
 #include "runtime/blocking.h"
@@ -20,7 +21,6 @@
 #include "compressors/powersgd/powersgd_cuda.h"
 #endif
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace shoal;
 using namespace shoal::powersgd;

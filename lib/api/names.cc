@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "api/export.h"
 #include "api/comm.h"
 #include "collectives/common/reducer.h"
 
@@ -24,7 +25,6 @@ const char* const kOps[] = {"sum", "avg", "prod", "min", "max", "band", "bor", "
 
 }  // namespace
 
-#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
 
 SHOAL_EXPORT const char* shoal_status_string(shoal_status_t status) {
   switch (status) {
