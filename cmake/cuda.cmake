@@ -57,18 +57,18 @@ set(SHOAL_NCCL_ENABLED ${SHOAL_NCCL_ENABLED} CACHE INTERNAL "NCCL transport buil
 message(STATUS "shoal: CUDA ${SHOAL_CUDA_ENABLED} (architectures ${CMAKE_CUDA_ARCHITECTURES}), NCCL ${SHOAL_NCCL_ENABLED} ${NCCL_VERSION}")
 
 # Sources that exist only in the GPU build. Convention:
-#   lib/cuda/*.{cc,cu}            device runtime glue (streams, device memory, pack/unpack)
+#   lib/gpu/cuda/*.{cc,cu}        device runtime glue (streams, device memory, pack/unpack)
 #   collectives/*/*.cu            device reducers
 #   compressors/*/*.cu            GPU compressor kernels (per-element logic in *_math.h, shared with the CPU)
-#   lib/transport/nccl/*.cc       the NCCL transport (SHOAL_NCCL_ENABLED only)
+#   lib/gpu/nccl/*.cc             the NCCL communicator (SHOAL_NCCL_ENABLED only)
 # Host code calls them only under #if SHOAL_WITH_CUDA / SHOAL_WITH_NCCL.
 set(SHOAL_GPU_SOURCES "")
 if(SHOAL_CUDA_ENABLED)
   file(GLOB SHOAL_GPU_SOURCES CONFIGURE_DEPENDS
-    lib/cuda/*.cc lib/cuda/*.cu collectives/*/*.cu compressors/*/*.cu)
+    lib/gpu/cuda/*.cc lib/gpu/cuda/*.cu collectives/*/*.cu compressors/*/*.cu)
   list(FILTER SHOAL_GPU_SOURCES EXCLUDE REGEX "compressors/example_plugin/")
   if(SHOAL_NCCL_ENABLED)
-    file(GLOB _nccl_sources CONFIGURE_DEPENDS lib/transport/nccl/*.cc)
+    file(GLOB _nccl_sources CONFIGURE_DEPENDS lib/gpu/nccl/*.cc)
     list(APPEND SHOAL_GPU_SOURCES ${_nccl_sources})
   endif()
 endif()

@@ -1,4 +1,4 @@
-// Fusion-buffer pack and unpack (lib/cuda/pack.cu) against one
+// Fusion-buffer pack and unpack (lib/gpu/cuda/pack.cu) against one
 // device-to-device cudaMemcpyAsync of the same total: ResNet-50-like tensor
 // sizes (161 tensors, 25.6M f32; table uploaded to the device), 64 mid-size
 // tensors (inline table), and 2000 tiny ones. bytes = 2 x total (read + write).
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "cuda/pack.h"
+#include "gpu/cuda/pack.h"
 
 namespace {
 

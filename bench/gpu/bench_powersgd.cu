@@ -18,7 +18,7 @@
 #include "compressors/powersgd/powersgd_cuda.h"
 #include "compressors/powersgd/powersgd_engine.h"
 #include "compressors/powersgd/powersgd_math.h"
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 
 namespace {
 

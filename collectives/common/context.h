@@ -45,7 +45,7 @@ struct Context {
   Scratch& scratch;
   uint64_t nextSubTag = 0;
 
-  // `signature` is the call's signature word (api/agree.h); every message of
+  // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.
   Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s, uint32_t signature = 0)
       : transport(t), rank(t.rank()), size(t.size()),

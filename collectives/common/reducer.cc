@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "collectives/common/element_ops.h"
-#include "collectives/common/half_convert.h"
+#include "core/numeric/element_ops.h"
+#include "core/numeric/half_convert.h"
 #include "core/error.h"
 
 namespace shoal {
@@ -117,16 +117,6 @@ Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
 }
 
 }  // namespace
-
-size_t dtypeSize(shoal_dtype_t dtype) {
-  switch (dtype) {
-    case SHOAL_F16: case SHOAL_BF16: return 2;
-    case SHOAL_F32: case SHOAL_I32: case SHOAL_U32: return 4;
-    case SHOAL_F64: case SHOAL_I64: case SHOAL_U64: return 8;
-    case SHOAL_I8: case SHOAL_U8: return 1;
-    default: return 0;
-  }
-}
 
 bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return lookup(dtype, op).combine != nullptr; }
 

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "collectives/common/device_reducer.h"
-#include "collectives/common/element_ops.h"
+#include "core/numeric/element_ops.h"
 
 namespace shoal::cuda::detail {
 namespace {

@@ -4,13 +4,13 @@
 
 #include <cstddef>
 
+#include "core/numeric/dtype.h"
 #include "shoal/shoal.h"
 
 namespace shoal {
 
 // True when op is defined on dtype (bitwise ops need an integer type).
 bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op);
-size_t dtypeSize(shoal_dtype_t dtype);  // 0 for an invalid dtype
 
 class Reducer {
  public:

@@ -23,14 +23,14 @@
 
 #include "compressors/common/payload.h"
 #include "compressors/common/text.h"
-#include "collectives/common/element_ops.h"
-#include "collectives/common/half_convert.h"
+#include "core/numeric/element_ops.h"
+#include "core/numeric/half_convert.h"
 #include "core/tensor.h"
 #include "shoal/compressor.h"
 
 #if SHOAL_WITH_CUDA
 #include "compressors/cast/cast_cuda.h"
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 #endif
 
 namespace shoal::compressors {

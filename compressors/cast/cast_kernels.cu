@@ -5,7 +5,7 @@
 
 #include "compressors/cast/cast_cuda.h"
 #include "compressors/cast/cast_math.h"
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 
 namespace shoal::cast {
 namespace {

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "collectives/common/element_ops.h"  // SHOAL_HD
+#include "core/numeric/element_ops.h"  // SHOAL_HD
 
 namespace shoal::cast {
 

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "collectives/common/element_ops.h"
-#include "collectives/common/reducer.h"
+#include "core/numeric/element_ops.h"
+#include "core/numeric/dtype.h"
 #include "compressors/powersgd/powersgd_math.h"
 
 namespace shoal::powersgd {

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "collectives/common/element_ops.h"  // SHOAL_HD
+#include "core/numeric/element_ops.h"  // SHOAL_HD
 
 namespace shoal::powersgd {
 

@@ -70,7 +70,7 @@
 
 #if SHOAL_WITH_CUDA
 #include "compressors/topk/topk_cuda.h"
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 #endif
 
 namespace shoal::compressors {

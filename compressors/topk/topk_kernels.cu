@@ -11,7 +11,7 @@
 
 #include "compressors/topk/topk_cuda.h"
 #include "compressors/topk/topk_math.h"
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 
 namespace shoal::topk {
 namespace {

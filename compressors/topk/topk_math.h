@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "collectives/common/element_ops.h"  // SHOAL_HD
+#include "core/numeric/element_ops.h"  // SHOAL_HD
 
 namespace shoal::topk {
 

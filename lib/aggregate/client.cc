@@ -10,8 +10,6 @@
 #include <set>
 
 #include "aggregate/wire.h"
-#include "api/comm.h"
-#include "api/run.h"
 #include "collectives/common/reducer.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -49,14 +47,15 @@ struct Shard {
   bool canSend() const { return nextSend < slots && (sendPos > 0 || nextSend - received < kWindowSlots); }
 };
 
+
+}  // namespace
+
 std::string randomNonce() {
   std::random_device device;
   std::string text;
   for (int i = 0; i < 4; ++i) text += fmt::format("{:08x}", device());
   return text;
 }
-
-}  // namespace
 
 Client::Client(const std::vector<Endpoint>& endpoints, const std::string& token, const std::string& key, int rank,
                int worldSize, Deadline deadline) {
@@ -276,38 +275,6 @@ bool carries(shoal_dtype_t dtype, shoal_op_t op) {
                    "and bitwise ors of integers); these allreduces take the ring",
                    shoal_op_name(op), shoal_dtype_name(dtype));
   return false;
-}
-
-void allreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count, shoal_dtype_t dtype,
-               shoal_op_t op) {
-  runCollective(comm, sequence, [&](Context& context) {
-    if (!comm.aggregator) {
-      std::string list = config::getString("SHOAL_AGGREGATOR");
-      if (list.empty())
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_ALGO=aggregate needs SHOAL_AGGREGATOR=tcp://host:port[,tcp://host:port"
-             "...] naming running shoal-aggd aggregators");
-      std::vector<Endpoint> endpoints = parseEndpoints(list, "SHOAL_AGGREGATOR");
-      // The aggregator tells communicators apart by a key the ranks share:
-      // a nonce rank 0 draws for this communicator, plus its store prefix.
-      std::string nonceKey = comm.keyPrefix + "aggregate/nonce";
-      std::string nonce;
-      if (comm.rank == 0) {
-        nonce = randomNonce();
-        comm.store->set(nonceKey, Bytes(nonce.begin(), nonce.end()));
-      } else {
-        Bytes value = comm.store->get(nonceKey, context.deadline);
-        nonce.assign(value.begin(), value.end());
-      }
-      comm.aggregator.reset(new Client(endpoints, config::getString("SHOAL_TOKEN"), nonce + "/" + comm.keyPrefix,
-                                       comm.rank, comm.size, context.deadline));
-      SHOAL_LOG_INFO("SHOAL_ALGO=aggregate: rank {} connected to {} aggregator(s): {}", comm.rank, endpoints.size(),
-                     list);
-    }
-    shoal_op_t wireOp = op == SHOAL_AVG ? SHOAL_SUM : op;
-    comm.aggregator->allreduce(sequence, send, recv, count, dtype, wireOp, context.deadline,
-                               [&] { comm.transport->checkNotAborted(); });
-    if (op == SHOAL_AVG) Reducer(dtype, op).finish(recv, count, comm.size);
-  });
 }
 
 }  // namespace shoal::aggregate

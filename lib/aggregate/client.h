@@ -13,10 +13,11 @@
 #include "aggregate/socket.h"
 #include "shoal/shoal.h"
 
-struct shoal_comm;
-namespace shoal::aggregate { struct ClientRelease; }
-
 namespace shoal::aggregate {
+
+class Client;
+// The deleter of shoal_comm::aggregator (comm/communicator.h).
+struct ClientRelease { void operator()(Client* client) const; };
 
 // Connections to every aggregator for one communicator.
 class Client {
@@ -45,13 +46,12 @@ class Client {
   std::vector<Link> links_;
 };
 
-// ClientRelease (the deleter of shoal_comm::aggregator) is declared in api/comm.h.
+// ClientRelease (the deleter of shoal_comm::aggregator) is declared in comm/communicator.h.
 
 // SHOAL_ALGO=aggregate: true when this allreduce goes to the aggregators;
 // otherwise logs (info, once per dtype and op) that it takes the ring.
 bool carries(shoal_dtype_t dtype, shoal_op_t op);
-// The allreduce through comm's aggregators (connected on first use).
-void allreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count, shoal_dtype_t dtype,
-               shoal_op_t op);
+// A fresh random key part that tells one communicator's calls apart at the aggregator.
+std::string randomNonce();
 
 }  // namespace shoal::aggregate

@@ -5,8 +5,11 @@
 #include <string>
 
 #include "api/export.h"
+#include "api/guard.h"
+#include "plugin/driver.h"
+#include "runtime/engine.h"
 #include "api/checks.h"
-#include "api/comm.h"
+#include "comm/communicator.h"
 #include "collectives/common/reducer.h"
 #include "core/config.h"
 #include "runtime/engine.h"

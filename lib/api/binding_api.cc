@@ -4,7 +4,8 @@
 #include <cstring>
 
 #include "api/export.h"
-#include "api/comm.h"
+#include "api/guard.h"
+#include "comm/communicator.h"
 #include "shoal/compressor.h"
 #include "shoal/lowrank.h"
 

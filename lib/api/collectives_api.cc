@@ -5,12 +5,14 @@
 #include <limits>
 
 #include "api/export.h"
-#include "api/agree.h"
+#include "api/guard.h"
+#include "comm/agree.h"
 #include "api/checks.h"
 #include "aggregate/client.h"
-#include "api/comm.h"
-#include "api/cuda_route.h"
-#include "api/run.h"
+#include "comm/communicator.h"
+#include "gpu/route.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "plugin/driver.h"
 #include "collectives/collectives.h"
 #include "runtime/blocking.h"
@@ -92,61 +94,6 @@ CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int 
 
 using namespace shoal;
 
-namespace shoal {
-
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
-                    shoal_dtype_t dtype, shoal_op_t op) {
-  const AllreduceAlgorithm& algorithm =
-      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
-  plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
-}
-
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
-                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
-  const size_t bytes = count * dtypeSize(dtype);
-  Reducer reducer(dtype, op);
-  if (count == 0) return emptyCall(comm, sequence);
-  if (comm.algorithm == "aggregate" && aggregate::carries(dtype, op))  // else the ring (algos.cc)
-    return aggregate::allreduce(comm, sequence, send, recv, count, dtype, op);
-  if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
-    return runCollective(comm, sequence, [&](Context& context) {
-      allreduceRingOutOfPlace(context, send, recv, count, reducer);
-    });
-  if (send != recv) std::memcpy(recv, send, bytes);
-  runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
-}
-
-size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs) {
-  counts.assign(comm.size, 0);
-  counts[comm.rank] = count;
-  Blocks countBlocks = blocksFrom(std::vector<size_t>(comm.size, 1).data(), nullptr, sizeof(size_t), comm.size,
-                                  comm.segmentBytes, comm.size);
-  runCollective(comm, comm.sequence++, [&](Context& context) {
-    ringAllgather(context, reinterpret_cast<uint8_t*>(counts.data()), countBlocks);
-  });
-  displs.assign(comm.size, 0);
-  size_t total = 0;
-  for (int r = 0; r < comm.size; ++r) {
-    displs[r] = total;
-    total += counts[r];
-  }
-  return total;
-}
-
-void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,
-                     std::vector<uint8_t>& gathered, std::vector<size_t>& counts, std::vector<size_t>& displs) {
-  const size_t element = dtypeSize(dtype);
-  // First every rank's count, then the data.
-  const size_t total = gatherCounts(comm, count, counts, displs);
-  gathered.resize(total * element);
-  if (count > 0) std::memcpy(gathered.data() + displs[comm.rank] * element, send, count * element);
-  const uint64_t sequence = comm.sequence++;
-  if (total == 0) return emptyCall(comm, sequence);
-  Blocks blocks = blocksFrom(counts.data(), displs.data(), element, comm.size, comm.segmentBytes, comm.size);
-  runCollective(comm, sequence, [&](Context& context) { ringAllgather(context, gathered.data(), blocks); });
-}
-
-}  // namespace shoal
 
 SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                             shoal_dtype_t dtype, shoal_op_t op) {

@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "api/export.h"
-#include "api/comm.h"
+#include "api/guard.h"
+#include "plugin/driver.h"
+#include "comm/communicator.h"
 #include "shoal/compressor.h"
 #include "core/config.h"
 #include "plugin/registry.h"
@@ -19,7 +21,7 @@ plugin::CompressorInstance& instanceFor(shoal_comm& comm, const char* call, cons
                                         const char* options) {
   if (compressor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: compressor is NULL; name one, e.g. \"topk\"", call);
   std::string resolved = options ? options : config::getString("SHOAL_COMPRESSOR_OPTS");
-  return comm.compressors.get(compressor, resolved);
+  return comm.compressors->get(compressor, resolved);
 }
 
 }  // namespace

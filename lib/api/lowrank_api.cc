@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "api/export.h"
-#include "api/comm.h"
-#include "api/run.h"
+#include "api/guard.h"
+#include "comm/communicator.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "runtime/blocking.h"
 #include "collectives/common/reducer.h"
 #include "shoal/lowrank.h"

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "api/export.h"
-#include "api/comm.h"
-#include "api/run.h"
+#include "api/guard.h"
+#include "comm/communicator.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "runtime/blocking.h"
 #include "collectives/common/reducer.h"
 #include "compressors/powersgd/powersgd_engine.h"
@@ -126,13 +128,11 @@ uint64_t fingerprintOf(const shoal_lowrank_plan& plan) {
 
 // Once per plan: every rank must step the same plan (else the P and Q
 // allreduces would pair unrelated buffers). One allreduce MAX of
-// {fingerprint, ~fingerprint}: every rank sees its own pair back iff all agree.
+// the plan's fingerprint (an agreement round, comm/agree.h).
 void agreeOnPlan(shoal_comm& comm, shoal_lowrank_plan& plan, const char* call) {
   if (plan.agreed) return;
-  uint64_t pair[2] = {plan.fingerprint, ~plan.fingerprint};
-  plainAllreduce(comm, comm.sequence++, pair, pair, 2, SHOAL_U64, SHOAL_MAX);
-  if (pair[0] != plan.fingerprint || pair[1] != ~plan.fingerprint)
-    fail(SHOAL_ERR_INVALID_ARGUMENT,
+  if (!agree(comm, comm.sequence++, fmt::format("{:016x}", plan.fingerprint)).same)
+    fail(SHOAL_ERR_MISMATCH,
          "{}: the ranks' plans differ (matrices, names, rank, options or dtype); create the same plan on every rank",
          call);
   plan.agreed = true;

@@ -4,7 +4,8 @@
 #include <string>
 
 #include "api/export.h"
-#include "api/comm.h"
+#include "api/guard.h"
+#include "comm/communicator.h"
 #include "collectives/common/reducer.h"
 
 namespace {

@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/cuda_route.h"
-#include "api/run.h"
+#include "gpu/route.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "plugin/registry.h"
@@ -16,13 +17,6 @@ constexpr int kMaxRounds = 64;  // a compressor asking for more is looping
 
 void logFromPlugin(int level, const char* message) {
   log::at(static_cast<log::Level>(std::clamp(level, 0, 3)), "compressor: {}", message ? message : "");
-}
-
-// FNV-1a: a cheap, stable fingerprint of what every rank must agree on.
-uint64_t fingerprint(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
 }
 
 }  // namespace
@@ -82,6 +76,8 @@ CompressorInstance* CompressorCache::find(const std::string& name, const std::st
   return found == instances_.end() ? nullptr : found->second.get();
 }
 
+void CompressorCacheRelease::operator()(CompressorCache* cache) const { delete cache; }
+
 CompressorInstance& CompressorCache::get(const std::string& name, const std::string& options) {
   if (CompressorInstance* existing = find(name, options)) return *existing;
   const Entry& entry = Registry::current().find(name);
@@ -113,19 +109,13 @@ using plugin::CompressorInstance;
 // Returns the largest refusal code seen (0 = every rank accepted).
 uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, const std::string& description,
                               shoal_status_t localStatus) {
-  uint64_t hash = plugin::fingerprint(description);
-  uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(localStatus))};
-  runCollective(comm, sequence, [&](Context& context) {
-    allreduceRecursiveDoubling(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
-  });
-  // A refusal beyond the last status code cannot come from a rank that ran
-  // this round: the words were something else's data.
-  if (words[0] != hash || ~words[1] != hash || words[2] > static_cast<uint64_t>(-SHOAL_ERR_INTERNAL))
+  Agreement agreement = agree(comm, sequence, description, localStatus);
+  if (!agreement.same)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
          "options, dtype and shape for the same call",
          description);
-  return words[2];
+  return static_cast<uint64_t>(-static_cast<int64_t>(agreement.refusal));
 }
 
 void validatePayload(const shoal_compressor_t& table, int round, const shoal_payload_t& payload) {
@@ -145,11 +135,11 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
 // than the tensor holds, says so once per tensor name at info level, and why.
 void noteIneffectiveCompression(shoal_comm& comm, const std::string& compressor,
                                 const std::vector<shoal_compress_tensor_t>& tensors,
-                                const plugin::CompressStats& stats) {
+                                const CompressStats& stats) {
   if (stats.inputBytes == 0 || stats.payloadBytes < stats.inputBytes) return;
   for (const shoal_compress_tensor_t& tensor : tensors) {
     const std::string name = tensor.name ? tensor.name : "(unnamed)";
-    if (!comm.compressors.firstTime(compressor + "|" + name)) continue;
+    if (!comm.compressors->firstTime(compressor + "|" + name)) continue;
     std::string why = "its encoding of this tensor is no smaller than the data";
     if (compressor == "powersgd" && tensor.input.ndim < 2)
       why = "powersgd compresses matrices: a 1-D tensor travels densely (give the tensor a 2-D shape)";
@@ -167,14 +157,14 @@ struct GatherSpace {
 };
 
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route,
+               const char* errorText, CompressStats& stats, const MemoryRoute& route,
                const plugin::RoundObserver* observer);
 
 // route.refusal != OK: this rank cannot run the call on its tensors' memory;
 // start() is skipped and the refusal reaches every rank through the agreement.
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                    std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
-                   plugin::CompressStats& stats, const MemoryRoute& route,
+                   CompressStats& stats, const MemoryRoute& route,
                    const plugin::RoundObserver* observer = nullptr) {
   const shoal_compressor_t& table = instance.table();
   char errorText[512] = {};
@@ -185,7 +175,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   operation.op = op;
   operation.num_tensors = static_cast<int>(tensors.size());
   operation.tensors = tensors.data();
-  operation.step = comm.compressors.nextStep();
+  operation.step = comm.compressors->nextStep();
   operation.error_text = errorText;
   operation.error_text_size = sizeof errorText;
   uint64_t sentBefore = comm.transport->bytesSent() + cudaBytesSent(comm);
@@ -225,7 +215,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
 // Payloads of an op on CUDA tensors are device memory: their collectives run
 // over NCCL on the input's stream (see include/shoal/compressor.h).
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
-               const char* errorText, plugin::CompressStats& stats, const MemoryRoute& route,
+               const char* errorText, CompressStats& stats, const MemoryRoute& route,
                const plugin::RoundObserver* observer) {
   const shoal_compressor_t& table = instance.table();
   auto observe = [&](const char* phase, int index, uint64_t bytes, Clock::time_point begin) {
@@ -300,7 +290,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                      shoal_op_t op, const shoal_allreduce_options_t* options) {
   const size_t count = plugin::elementsCount(input);
   const size_t bytes = count * dtypeSize(input.dtype);
-  plugin::CompressStats stats;
+  CompressStats stats;
   stats.inputBytes = bytes;
 
   const plugin::CompressorChoice choice =
@@ -313,7 +303,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // options fail every call on every rank, not only the ones that compress.
   // ("none" without options needs no instance: it is the plain path.)
   CompressorInstance* instance = nullptr;
-  if (!name.empty() && (name != "none" || !copts.empty())) instance = &comm.compressors.get(name, copts);
+  if (!name.empty() && (name != "none" || !copts.empty())) instance = &comm.compressors->get(name, copts);
   bool compress = instance != nullptr && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
                   static_cast<long long>(bytes) >= minBytes && ((instance->table().dtypes >> input.dtype) & 1u);
   // CUDA tensors: refusals are gathered here and shared with every rank in
@@ -328,7 +318,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                              call, name));
   checkCudaReady(comm, call, route);
   // The compression decision and the algorithm are part of the call's
-  // signature (api/agree.h): a rank that compresses where another does not
+  // signature (comm/agree.h): a rank that compresses where another does not
   // fails with MISMATCH at the first message.
   const AllreduceAlgorithm* plain =
       compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
@@ -361,7 +351,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   std::string unnamed;
   const char* tensorName = options && options->name && options->name[0] ? options->name : nullptr;
   if (tensorName == nullptr && (instance->table().caps & SHOAL_CAP_STATEFUL)) {
-    unnamed = comm.compressors.unnamedKey(output);
+    unnamed = comm.compressors->unnamedKey(output);
     tensorName = unnamed.c_str();
   }
   void* scratchState = nullptr;
@@ -392,8 +382,8 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
 void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,
                               const std::string& options, std::vector<shoal_compress_tensor_t>& tensors,
                               shoal_op_t op, const plugin::RoundObserver* observer) {
-  CompressorInstance& instance = comm.compressors.get(compressor, options);
-  plugin::CompressStats stats;
+  CompressorInstance& instance = comm.compressors->get(compressor, options);
+  CompressStats stats;
   stats.compressor = compressor;
   std::string agreement = fmt::format("{}|{}|{}|{}|", compressor, options, static_cast<int>(op), tensors.size());
   for (shoal_compress_tensor_t& tensor : tensors) {

@@ -67,14 +67,6 @@ class CompressorCache {
 // Elements of a tensor: the product of its shape (1 for a scalar).
 using ::shoal::elementsCount;  // lib/core/tensor.h
 
-struct CompressStats {
-  std::string compressor = "none";
-  uint64_t inputBytes = 0;
-  uint64_t payloadBytes = 0;
-  uint64_t wireBytes = 0;
-  int rounds = 0;
-};
-
 // Sees each phase of a compressed operation (for the runtime's timeline):
 // "ENCODE"/"DECODE" for round() calls (round > 0 also decodes the previous
 // round's results), "ALLREDUCE"/"ALLGATHERV" for a payload's collective.

@@ -9,7 +9,8 @@
 
 #include <functional>
 
-#include "api/comm.h"
+#include "comm/communicator.h"
+#include "runtime/engine.h"
 #include "runtime/call_trace.h"
 
 namespace shoal::runtime {

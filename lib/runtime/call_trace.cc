@@ -2,7 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "api/comm.h"
+#include "comm/communicator.h"
+#include "runtime/engine.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -16,7 +17,7 @@ namespace {
 // afterwards means the call was not an allreduce.
 constexpr int kNotAnAllreduce = -1;
 
-std::string compressorDecision(const plugin::CompressStats& stats) {
+std::string compressorDecision(const CompressStats& stats) {
   if (stats.compressor != "none" && stats.rounds > 0)
     return fmt::format("compressor {}: {} -> {} payload bytes in {} round{} (ratio {:.3f})", stats.compressor,
                        stats.inputBytes, stats.payloadBytes, stats.rounds, stats.rounds == 1 ? "" : "s",
@@ -49,7 +50,7 @@ CallTrace::~CallTrace() {
   const Clock::time_point end = Clock::now();
   const bool allreduce = comm_.lastStats.rounds != kNotAnAllreduce;
   if (!allreduce) comm_.lastStats = saved_;
-  const plugin::CompressStats& stats = comm_.lastStats;
+  const CompressStats& stats = comm_.lastStats;
   const uint64_t sent = comm_.transport ? comm_.transport->bytesSent() - sentBefore_ : 0;
   try {
     std::string what;

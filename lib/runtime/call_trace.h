@@ -8,10 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/error.h"
-#include "plugin/driver.h"
-
-struct shoal_comm;
 
 namespace shoal::runtime {
 
@@ -31,7 +29,7 @@ class CallTrace {
   bool ok_ = false;
   Clock::time_point begin_;
   uint64_t sentBefore_ = 0;
-  plugin::CompressStats saved_;  // the previous allreduce's stats, restored for calls that are not allreduces
+  CompressStats saved_;  // the previous allreduce's stats, restored for calls that are not allreduces
 };
 
 }  // namespace shoal::runtime

@@ -6,8 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "api/comm.h"
-#include "api/run.h"
+#include "comm/communicator.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "core/config.h"
 #include "core/log.h"
 
@@ -119,6 +120,8 @@ std::string RuntimeSettings::agreement() const {
                      stall.shutdownS);
 }
 
+void EngineRelease::operator()(Engine* engine) const { delete engine; }
+
 Engine::~Engine() {
   LiveEngines::get().remove(this);
   shutdown();
@@ -157,28 +160,25 @@ void Engine::ensureStarted(const char* call) {
   RuntimeSettings settings = RuntimeSettings::fromEnvironment(comm_.timeoutS);
   timeline();  // rank 0 opens it now if no blocking call did
   const std::string timelineError = this->timelineError();
-  // One small max-allreduce: {hash, ~hash} finds a rank with other settings,
-  // the third word tells everyone that rank 0 could not open the timeline.
+  // One agreement round finds a rank with other settings; rank 0's refusal
+  // tells everyone that it could not open the timeline.
   const std::string agreement = settings.agreement();
-  const uint64_t hash = std::hash<std::string>{}(agreement);
-  uint64_t words[3] = {hash, ~hash, timelineError.empty() ? 0u : 1u};
+  Agreement agreed;
   try {
-    runCollective(comm_, comm_.sequence++, [&](Context& context) {
-      allreduceTree(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
-    });
+    agreed = agree(comm_, comm_.sequence++, agreement, timelineError.empty() ? SHOAL_OK : SHOAL_ERR_SYSTEM);
   } catch (const Error& error) {
     fail(error.status(),
          "{}: starting the async runtime failed (a collective step: every rank must make its first async call, or "
          "shoal_async_start, after the same blocking calls): {}",
          call, error.what());
   }
-  if (words[0] != hash || ~words[1] != hash)
+  if (!agreed.same)
     fail(SHOAL_ERR_MISMATCH,
          "{}: ranks disagree on the async runtime's settings (this rank: {}); set SHOAL_CYCLE_TIME_MS, "
          "SHOAL_FUSION_THRESHOLD, SHOAL_CACHE_CAPACITY, SHOAL_STALL_CHECK_S and SHOAL_STALL_SHUTDOWN_S identically on "
          "every rank",
          call, agreement);
-  if (words[2] != 0)
+  if (agreed.refusal != SHOAL_OK)
     fail(SHOAL_ERR_SYSTEM, "{}: {}", call,
          timelineError.empty() ? "rank 0 could not open the SHOAL_TIMELINE file; its error says why" : timelineError);
 

@@ -6,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "api/run.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "plugin/driver.h"
 #include "runtime/timeline.h"
 
@@ -122,7 +123,7 @@ bool compresses(shoal_comm& comm, const Metadata& meta) {
   if (meta.kind != OpKind::Allreduce || meta.compressor.empty() || meta.compressor == "none") return false;
   // Resolved even for tensors that will not compress: an unknown compressor
   // or bad options fail every such request on every rank, as in the driver.
-  const shoal_compressor_t& table = comm.compressors.get(meta.compressor, meta.options).table();
+  const shoal_compressor_t& table = comm.compressors->get(meta.compressor, meta.options).table();
   return (meta.op == SHOAL_SUM || meta.op == SHOAL_AVG) && meta.elements() > 0 &&
          static_cast<long long>(meta.bytes()) >= meta.minBytes && ((table.dtypes >> meta.dtype) & 1u);
 }

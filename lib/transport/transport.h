@@ -3,7 +3,7 @@
 //
 // Vocabulary: a *tag* is chosen by the collective (its call sequence number
 // and step), so messages of different calls or steps never match each other.
-// It also carries the *call signature* of the sender's call (api/agree.h): a
+// It also carries the *call signature* of the sender's call (comm/agree.h): a
 // receive matches a message whatever its signature, then compares the
 // sender's signature with its own, so ranks that make different calls (a
 // dtype, op, root or compression decision that differs) fail with
@@ -48,7 +48,7 @@ constexpr uint64_t kSequenceMask = ((uint64_t(1) << kSequenceBits) - 1) << kSubT
 
 // The text of a signature disagreement found on a receive: this rank's call
 // signature word `mine`, the word rank `peer` sent. Defined by the layer that
-// builds signatures (lib/api/agree.cc), which knows what the bits mean.
+// builds signatures (lib/comm/agree.cc), which knows what the bits mean.
 std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_t theirs);
 
 class Transport {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 
 namespace shoal::test {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/common/element_ops.h"
-#include "collectives/common/half_convert.h"
+#include "core/numeric/element_ops.h"
+#include "core/numeric/half_convert.h"
 #include "compressors/cast/cast_cuda.h"
 #include "compressors/cast/cast_math.h"
 #include "cuda_test_util.h"

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 
 TEST(CudaDevice, CountOrSkip) {
   std::string why;

@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "api/comm.h"
+#include "comm/communicator.h"
 #include "bootstrap/store.h"
 #include "collectives/common/reducer.h"
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
-#include "transport/nccl/nccl_comm.h"
+#include "gpu/nccl/nccl_comm.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// lib/cuda/pack: tensors packed back to back into one device buffer and
+// lib/gpu/cuda/pack: tensors packed back to back into one device buffer and
 // unpacked again, compared byte for byte with the host's concatenation.
 // Odd sizes, zero-size tensors, misaligned pointers, one tensor larger than
 // a copy chunk, a table passed inline (few tensors) and one uploaded to the
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/pack.h"
+#include "gpu/cuda/pack.h"
 #include "cuda_test_util.h"
 
 namespace {

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "collectives/common/element_ops.h"
+#include "core/numeric/element_ops.h"
 #include "compressors/powersgd/powersgd_cuda.h"
 #include "compressors/powersgd/powersgd_math.h"
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 #include "shoal/compressor.h"
 #include "shoal/lowrank.h"
 #include "shoal/shoal.h"

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "collectives/common/device_reducer.h"
-#include "collectives/common/element_ops.h"
+#include "core/numeric/element_ops.h"
 #include "collectives/common/reducer.h"
 #include "core/error.h"
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "compressors/sketch/sketch_cuda.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 #include "shoal/compressor.h"
 
 namespace {

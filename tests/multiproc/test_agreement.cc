@@ -3,7 +3,7 @@
 // root, allgather dtype, or on whether it is compressed, all fail with
 // SHOAL_ERR_MISMATCH and text that names what differs, promptly (long before
 // the deadline), never with SHOAL_OK and wrong data. Ranks are forked
-// processes over a tcp store on loopback (api/agree.h explains the mechanism).
+// processes over a tcp store on loopback (comm/agree.h explains the mechanism).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>

@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include "collectives/common/element_ops.h"
-#include "collectives/common/half_convert.h"
+#include "core/numeric/element_ops.h"
+#include "core/numeric/half_convert.h"
 #include "compressors/cast/cast_math.h"
 
 namespace {

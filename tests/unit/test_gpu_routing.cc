@@ -18,9 +18,9 @@
 #include "harness/rank_sync.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
-#include "transport/nccl/ring_schedule.h"
+#include "gpu/nccl/ring_schedule.h"
 #if SHOAL_WITH_CUDA
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 #endif
 
 namespace {

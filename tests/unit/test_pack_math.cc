@@ -1,5 +1,5 @@
 // The index arithmetic the GPU kernels share with the CPU, run here on the
-// CPU: the pack kernel's chunk loop (lib/cuda/pack_math.h) over tiny chunks,
+// CPU: the pack kernel's chunk loop (lib/gpu/cuda/pack_math.h) over tiny chunks,
 // so every entry is split every way, must copy every byte exactly once to its
 // place; topk's per-pair tensor lookup (topk_math.h tensorOfIndex) must agree
 // with the CPU decoder's std::upper_bound, zero-size tensors included.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "compressors/topk/topk_math.h"
-#include "cuda/pack_math.h"
+#include "gpu/cuda/pack_math.h"
 
 namespace {
 

@@ -616,7 +616,7 @@ void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
   SHOAL_LOG_DEBUG("rank {} aborted the communicator: {}", rank_, reason);
 }
 
-// ---- Describing what UCX chose for each peer (SHOAL_LOG_LEVEL=info, api/comm_info.cc) ----
+// ---- Describing what UCX chose for each peer (SHOAL_LOG_LEVEL=info, comm/describe.cc) ----
 //
 // UCX 1.13's ucp_ep_query reports no transports, so the endpoint's own report
 // (ucp_ep_print_info) is read back: its "lane[i]: n:tl/dev.k ..." lines name

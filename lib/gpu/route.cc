@@ -1,20 +1,21 @@
 // Routing by memory kind and the CUDA collectives over the NCCL transport
 // (cuda_route.h). Compiled in every build: without NCCL every CUDA call is
 // refused on every rank with the reason.
-#include "api/cuda_route.h"
+#include "gpu/route.h"
 
 #include <cstring>
 
-#include "api/run.h"
+#include "comm/call.h"
+#include "comm/host_ops.h"
 #include "collectives/collectives.h"
 
 #if SHOAL_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 #endif
 #if SHOAL_WITH_NCCL
-#include "transport/nccl/nccl_comm.h"
+#include "gpu/nccl/nccl_comm.h"
 #endif
 
 namespace shoal {
@@ -137,12 +138,9 @@ void agreeOnCudaCall(shoal_comm& comm, uint64_t sequence, const std::string& des
   round.kind = CallKind::Other;
   round.algorithm = "cuda-route-agreement";
   CallScope scope(comm, round);
-  uint64_t hash = std::hash<std::string>{}(description);
-  uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(route.refusal))};
+  Agreement agreement;
   try {
-    runCollective(comm, sequence, [&](Context& context) {
-      allreduceRecursiveDoubling(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
-    });
+    agreement = agree(comm, sequence, description, route.refusal);
   } catch (const Error& error) {
     // Peers that made a host call meet this round as a mismatch: this rank's own reason says more.
     if (route.refusal != SHOAL_OK)
@@ -150,12 +148,10 @@ void agreeOnCudaCall(shoal_comm& comm, uint64_t sequence, const std::string& des
     throw;
   }
   if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
-  if (words[2] != 0) {  // a refusing rank's description may be incomplete: its refusal comes first
-    auto status = static_cast<shoal_status_t>(-static_cast<int64_t>(words[2]));
-    fail(status, "another rank could not run this call on CUDA tensors ({}); that rank's error says why",
-         shoal_status_string(status));
-  }
-  if (words[0] != hash || ~words[1] != hash)
+  if (agreement.refusal != SHOAL_OK)  // a refusing rank's description may be incomplete: its refusal comes first
+    fail(agreement.refusal, "another rank could not run this call on CUDA tensors ({}); that rank's error says why",
+         shoal_status_string(agreement.refusal));
+  if (!agreement.same)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on a call with CUDA tensors (this rank: {}): every rank must make the same call with the "
          "same counts, dtype, op and root, and all with CUDA tensors or all with host tensors",

@@ -1,4 +1,4 @@
-#include "cuda/device.h"
+#include "gpu/cuda/device.h"
 
 #include <cuda_runtime_api.h>
 

@@ -10,7 +10,7 @@
 
 #include <cstddef>
 
-#include "collectives/common/element_ops.h"  // SHOAL_HD
+#include "core/numeric/element_ops.h"  // SHOAL_HD
 
 namespace shoal::cuda {
 

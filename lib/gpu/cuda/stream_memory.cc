@@ -1,4 +1,4 @@
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,8 +1,10 @@
-#include "api/agree.h"
+#include "comm/agree.h"
 
 #include <fmt/format.h>
 
-#include "api/comm.h"
+#include "collectives/collectives.h"
+#include "comm/call.h"
+#include "comm/communicator.h"
 #include "transport/transport.h"
 
 namespace shoal {
@@ -109,6 +111,23 @@ uint32_t currentCallWord(shoal_comm& comm) {
     comm.callWordValid = true;
   }
   return comm.callWord;
+}
+
+uint64_t fingerprint(std::string_view text) { return mix(1469598103934665603ull, text); }
+
+Agreement agree(shoal_comm& comm, uint64_t sequence, std::string_view description, shoal_status_t refusal) {
+  const uint64_t hash = fingerprint(description);
+  uint64_t words[3] = {hash, ~hash, static_cast<uint64_t>(-static_cast<int64_t>(refusal))};
+  runCollective(comm, sequence, [&](Context& context) {
+    allreduceTree(context, words, 3, Reducer(SHOAL_U64, SHOAL_MAX));
+  });
+  Agreement agreement;
+  // A refusal beyond the last status code cannot come from a rank that ran
+  // this round: the words were something else's data.
+  const bool plausible = words[2] <= static_cast<uint64_t>(-SHOAL_ERR_INTERNAL);
+  agreement.same = plausible && words[0] == hash && ~words[1] == hash;
+  if (plausible) agreement.refusal = static_cast<shoal_status_t>(-static_cast<int64_t>(words[2]));
+  return agreement;
 }
 
 // Called by the transport (transport.h) when a message's signature differs.

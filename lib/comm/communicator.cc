@@ -1,8 +1,8 @@
-// Communicator life cycle: discovery of rank, size and store from the config
+// Making a communicator: discovery of rank, size and store from the config
 // struct or the environment, rendezvous, transport connection, and a first
-// collective that checks every rank agrees on the configuration.
-#include "api/export.h"
-#include "api/comm.h"
+// collective that checks every rank agrees on the configuration. The C entry
+// points (lib/api/comm_api.cc) add the layers above: compressors and engine.
+#include "comm/communicator.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -13,15 +13,13 @@
 #include <atomic>
 #include <unistd.h>
 
-#include "api/comm_info.h"
+#include "comm/describe.h"
 #include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
 
 namespace shoal {
 namespace {
-
-thread_local std::string threadLastError;
 
 // The k-th communicator a rank creates on a store uses key prefix "comm<k>/",
 // so successive (or simultaneous) communicators of one job do not read each
@@ -46,15 +44,11 @@ std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, i
   return comm + "g" + std::to_string((arrival - 1) / worldSize) + "/";
 }
 
-// Every rank must use the same algorithm and pipelining settings: a cheap
-// check through a first allreduce of {hash, ~hash} with max.
+// Every rank must use the same algorithm and pipelining settings: the
+// communicator's first collective is an agreement round on them.
 void checkRanksAgree(shoal_comm& comm) {
   std::string settings = fmt::format("{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes);
-  uint64_t hash = std::hash<std::string>{}(settings);
-  uint64_t both[2] = {hash, ~hash};
-  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
-  allreduceTree(context, both, 2, Reducer(SHOAL_U64, SHOAL_MAX));
-  if (both[0] != hash || ~both[1] != hash)
+  if (!agree(comm, comm.sequence++, settings).same)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES or SHOAL_TREE_MAX_BYTES (this rank: {}): set them "
          "identically on every rank",
@@ -62,11 +56,6 @@ void checkRanksAgree(shoal_comm& comm) {
 }
 
 }  // namespace
-
-void setLastError(shoal_comm_t comm, const std::string& text) {
-  threadLastError = text;
-  if (comm != nullptr) comm->lastError = text;
-}
 
 shoal_comm& usableComm(shoal_comm_t comm, const char* call) {
   if (comm == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: comm is NULL; create one with shoal_comm_init", call);
@@ -134,84 +123,13 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
-  comm->engine = std::make_unique<runtime::Engine>(*comm);  // its thread starts with the first async call
   return comm;
 }
 
+void releaseConnections(shoal_comm& comm) {
+  comm.nccl.reset();
+  comm.transport.reset();
+  comm.store.reset();
+}
+
 }  // namespace shoal
-
-using shoal::guarded;
-
-SHOAL_EXPORT shoal_status_t shoal_comm_init_config(const shoal_config_t* config,
-                                                                             shoal_comm_t* comm) {
-  return guarded(nullptr, [&] {
-    if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_init: comm (the out-parameter) is NULL");
-    *comm = nullptr;
-    shoal_config_t resolved = SHOAL_CONFIG_INIT;
-    if (config != nullptr) {
-      // A shorter struct (an older caller) keeps the defaults of the fields it lacks.
-      if (config->struct_size == 0 || config->struct_size > sizeof(shoal_config_t))
-        shoal::fail(SHOAL_ERR_INVALID_ARGUMENT,
-                    "shoal_comm_init_config: config->struct_size is {}; initialise the struct with SHOAL_CONFIG_INIT",
-                    config->struct_size);
-      std::memcpy(&resolved, config, config->struct_size);
-      resolved.struct_size = sizeof(shoal_config_t);
-    }
-    *comm = shoal::createComm(resolved).release();
-  });
-}
-
-SHOAL_EXPORT shoal_status_t shoal_comm_init(shoal_comm_t* comm) {
-  return shoal_comm_init_config(nullptr, comm);
-}
-
-SHOAL_EXPORT shoal_status_t shoal_comm_finalize(shoal_comm_t comm) {
-  return guarded(comm, [&] {
-    if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: comm is NULL");
-    if (comm->finalized) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_finalize: already finalized");
-    comm->finalized = true;
-    if (comm->engine) comm->engine->shutdown();
-    comm->nccl.reset();
-    comm->transport.reset();
-    comm->store.reset();
-  });
-}
-
-SHOAL_EXPORT shoal_status_t shoal_comm_destroy(shoal_comm_t comm) {
-  return guarded(nullptr, [&] {
-    if (comm == nullptr) return;
-    if (comm->engine) comm->engine->shutdown();
-    comm->nccl.reset();
-    comm->transport.reset();
-    comm->store.reset();
-    delete comm;
-  });
-}
-
-SHOAL_EXPORT shoal_status_t shoal_comm_rank(shoal_comm_t comm, int* rank) {
-  return guarded(comm, [&] {
-    shoal_comm& c = shoal::usableComm(comm, "shoal_comm_rank");
-    if (rank == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_rank: rank (the out-parameter) is NULL");
-    *rank = c.rank;
-  });
-}
-
-SHOAL_EXPORT shoal_status_t shoal_comm_size(shoal_comm_t comm, int* size) {
-  return guarded(comm, [&] {
-    shoal_comm& c = shoal::usableComm(comm, "shoal_comm_size");
-    if (size == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_size: size (the out-parameter) is NULL");
-    *size = c.size;
-  });
-}
-
-SHOAL_EXPORT const char* shoal_last_error(shoal_comm_t comm) {
-  return comm != nullptr ? comm->lastError.c_str() : shoal::threadLastError.c_str();
-}
-
-SHOAL_EXPORT shoal_status_t shoal_config_print(FILE* out, int markdown) {
-  return guarded(nullptr, [&] {
-    if (out == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_config_print: out is NULL");
-    shoal::config::print(out, markdown != 0);
-  });
-}
-

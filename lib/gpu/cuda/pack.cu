@@ -2,15 +2,15 @@
 // are cut into fixed chunks spread over the grid, so one huge tensor and many
 // tiny ones balance alike; a chunk finds its first tensor by binary search
 // over the running end offsets and copies every tensor piece it covers.
-#include "cuda/pack.h"
-#include "cuda/pack_math.h"
+#include "gpu/cuda/pack.h"
+#include "gpu/cuda/pack_math.h"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "cuda/stream_memory.h"
+#include "gpu/cuda/stream_memory.h"
 
 namespace shoal::cuda {
 namespace {

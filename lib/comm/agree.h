@@ -63,7 +63,7 @@ struct CallSignature {
 };
 
 // Declares the call that a C entry point runs on a communicator: every
-// collective it runs (runCollective, api/run.h) tags its messages with the
+// collective it runs (runCollective, comm/call.h) tags its messages with the
 // signature. Restores the previous one on exit (calls do not nest across
 // ranks, but the scope keeps a stray internal collective honest).
 class CallScope {
@@ -84,6 +84,33 @@ class CallScope {
 void refreshCallWord(shoal_comm& comm);
 // The tag word of the running call, computed once per change.
 uint32_t currentCallWord(shoal_comm& comm);
+
+// ---- Agreement rounds ----
+// Some things cannot ride in the tag's 19 bits: a compressor's options and
+// shapes, a CUDA call's memory kinds, the async runtime's settings, a
+// low-rank plan, a refusal on one rank. Those take one agreement round.
+
+// FNV-1a over text: the stable fingerprint every agreement round compares.
+uint64_t fingerprint(std::string_view text);
+
+// What an agreement round found.
+struct Agreement {
+  bool same = true;                   // every rank described the same thing
+  shoal_status_t refusal = SHOAL_OK;  // the most severe refusal any rank reported (also when !same)
+};
+
+// The one cross-rank agreement round: a max-allreduce of
+// {fingerprint(description), its complement, -refusal} (three words, up a
+// tree and down again) with the given sequence number and the running call's
+// signature. The tree, not recursive doubling: each rank gets the result from
+// its parent, which sends it before moving on, so an abort caused by a next
+// call rarely overtakes it; with doubling the extra rank of a non-power-of-two
+// count was routinely still waiting while the others had moved on (measured:
+// collectives Disagreement.AllgatherCounts at 3 ranks). Every rank learns whether all descriptions were equal and the
+// most severe refusal, so it can fail with every other rank. Failures of the
+// round itself (a dead peer, a mismatched tag) throw as usual.
+Agreement agree(shoal_comm& comm, uint64_t sequence, std::string_view description,
+                shoal_status_t refusal = SHOAL_OK);
 
 // "f32" style names (shoal_dtype_name / shoal_op_name with a fallback).
 std::string dtypeText(int dtype);

@@ -1,8 +1,8 @@
-#include "collectives/common/half_convert.h"
+#include "core/numeric/half_convert.h"
 
 #include <cstring>
 
-#include "collectives/common/element_ops.h"
+#include "core/numeric/element_ops.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

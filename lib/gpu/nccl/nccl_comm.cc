@@ -1,6 +1,6 @@
 // The NCCL transport (nccl_comm.h): a non-blocking NCCL communicator whose
 // every wait is bounded by a deadline.
-#include "transport/nccl/nccl_comm.h"
+#include "gpu/nccl/nccl_comm.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -12,7 +12,7 @@
 
 #include "collectives/common/device_reducer.h"
 #include "collectives/common/reducer.h"
-#include "transport/nccl/ring_schedule.h"
+#include "gpu/nccl/ring_schedule.h"
 
 namespace shoal::nccl {
 namespace {

@@ -1,10 +1,10 @@
-#include "api/comm_info.h"
+#include "comm/describe.h"
 
 #include <unistd.h>
 
 #include <string>
 
-#include "api/comm.h"
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/log.h"
 

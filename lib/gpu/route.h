@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "api/comm.h"
+#include "comm/communicator.h"
 
 namespace shoal {
 

@@ -1,0 +1,83 @@
+// The communicator behind the opaque shoal_comm_t handle. It is the comm
+// layer's object: the layers above it (lib/plugin's compressor cache,
+// lib/runtime's engine) hang off it through pointers whose deleters those
+// layers define, so this header includes only downward.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/agree.h"
+#include "aggregate/client.h"
+#include "bootstrap/store.h"
+#include "collectives/common/context.h"
+#include "core/error.h"
+#include "shoal/shoal.h"
+#include "transport/transport.h"
+
+namespace shoal::nccl { class Communicator; }
+namespace shoal { struct NcclRelease { void operator()(nccl::Communicator* communicator) const; }; }
+namespace shoal::plugin {
+class CompressorCache;
+struct CompressorCacheRelease { void operator()(CompressorCache* cache) const; };  // lib/plugin/driver.cc
+}  // namespace shoal::plugin
+namespace shoal::runtime {
+class Engine;
+struct EngineRelease { void operator()(Engine* engine) const; };  // lib/runtime/engine.cc
+}  // namespace shoal::runtime
+
+namespace shoal {
+
+// What the last allreduce moved (shoal_last_compress_stats): written by the
+// compressed-collective driver (lib/plugin) and the call trace (lib/runtime).
+struct CompressStats {
+  std::string compressor = "none";
+  uint64_t inputBytes = 0;
+  uint64_t payloadBytes = 0;
+  uint64_t wireBytes = 0;
+  int rounds = 0;
+};
+
+}  // namespace shoal
+
+struct shoal_comm {
+  int rank = 0;
+  int size = 1;
+  std::string algorithm;   // "auto", "ring", "tree"
+  double timeoutS = 300;
+  size_t segmentBytes = 0;
+  size_t treeMaxBytes = 0;
+  uint64_t sequence = 0;   // collective calls so far: feeds the message tags
+  shoal::CallSignature call;  // of the call running now (comm/agree.h): its messages carry callWord
+  uint32_t callWord = 0;      // comm/agree.cc: currentCallWord()
+  bool callWordValid = false;
+  std::unique_ptr<shoal::Store> store;
+  std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
+  std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
+  std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
+  std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (gpu/route.cc)
+  int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
+  shoal::Scratch scratch;  // reused by every call
+  std::unique_ptr<shoal::plugin::CompressorCache, shoal::plugin::CompressorCacheRelease>
+      compressors;  // compressor instances and per-tensor state (made by shoal_comm_init)
+  shoal::CompressStats lastStats;
+  std::string lastError;
+  bool finalized = false;
+  std::unique_ptr<shoal::runtime::Engine, shoal::runtime::EngineRelease>
+      engine;  // the async runtime (lib/runtime, made by shoal_comm_init); declared last: stops first
+};
+
+namespace shoal {
+
+// Makes a communicator from a resolved config: rank, size, store, transport,
+// a first agreement round. The compressor cache and the engine are added by
+// shoal_comm_init (lib/api/comm_api.cc).
+std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config);
+
+// Closes NCCL, the transport and the store (finalize and destroy).
+void releaseConnections(shoal_comm& comm);
+
+// The communicator, usable for a collective: non-null, not finalized, not failed.
+shoal_comm& usableComm(shoal_comm_t comm, const char* call);
+
+}  // namespace shoal

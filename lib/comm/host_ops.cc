@@ -1,0 +1,98 @@
+#include "comm/host_ops.h"
+
+#include <cstring>
+#include <string>
+
+#include "aggregate/client.h"
+#include "comm/call.h"
+#include "core/config.h"
+#include "core/log.h"
+
+namespace shoal {
+
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
+                    shoal_dtype_t dtype, shoal_op_t op) {
+  const AllreduceAlgorithm& algorithm =
+      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+  plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
+}
+
+void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
+  const size_t bytes = count * dtypeSize(dtype);
+  Reducer reducer(dtype, op);
+  if (count == 0) return emptyCall(comm, sequence);
+  if (comm.algorithm == "aggregate" && aggregate::carries(dtype, op))  // else the ring (algos.cc)
+    return aggregateAllreduce(comm, sequence, send, recv, count, dtype, op);
+  if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
+    return runCollective(comm, sequence, [&](Context& context) {
+      allreduceRingOutOfPlace(context, send, recv, count, reducer);
+    });
+  if (send != recv) std::memcpy(recv, send, bytes);
+  runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
+}
+
+size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs) {
+  counts.assign(comm.size, 0);
+  counts[comm.rank] = count;
+  Blocks countBlocks = blocksFrom(std::vector<size_t>(comm.size, 1).data(), nullptr, sizeof(size_t), comm.size,
+                                  comm.segmentBytes, comm.size);
+  runCollective(comm, comm.sequence++, [&](Context& context) {
+    ringAllgather(context, reinterpret_cast<uint8_t*>(counts.data()), countBlocks);
+  });
+  displs.assign(comm.size, 0);
+  size_t total = 0;
+  for (int r = 0; r < comm.size; ++r) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  return total;
+}
+
+void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dtype_t dtype,
+                     std::vector<uint8_t>& gathered, std::vector<size_t>& counts, std::vector<size_t>& displs) {
+  const size_t element = dtypeSize(dtype);
+  // First every rank's count, then the data.
+  const size_t total = gatherCounts(comm, count, counts, displs);
+  gathered.resize(total * element);
+  if (count > 0) std::memcpy(gathered.data() + displs[comm.rank] * element, send, count * element);
+  const uint64_t sequence = comm.sequence++;
+  if (total == 0) return emptyCall(comm, sequence);
+  Blocks blocks = blocksFrom(counts.data(), displs.data(), element, comm.size, comm.segmentBytes, comm.size);
+  runCollective(comm, sequence, [&](Context& context) { ringAllgather(context, gathered.data(), blocks); });
+}
+
+
+void aggregateAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count, shoal_dtype_t dtype,
+               shoal_op_t op) {
+  runCollective(comm, sequence, [&](Context& context) {
+    if (!comm.aggregator) {
+      std::string list = config::getString("SHOAL_AGGREGATOR");
+      if (list.empty())
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_ALGO=aggregate needs SHOAL_AGGREGATOR=tcp://host:port[,tcp://host:port"
+             "...] naming running shoal-aggd aggregators");
+      std::vector<aggregate::Endpoint> endpoints = aggregate::parseEndpoints(list, "SHOAL_AGGREGATOR");
+      // The aggregator tells communicators apart by a key the ranks share:
+      // a nonce rank 0 draws for this communicator, plus its store prefix.
+      std::string nonceKey = comm.keyPrefix + "aggregate/nonce";
+      std::string nonce;
+      if (comm.rank == 0) {
+        nonce = aggregate::randomNonce();
+        comm.store->set(nonceKey, Bytes(nonce.begin(), nonce.end()));
+      } else {
+        Bytes value = comm.store->get(nonceKey, context.deadline);
+        nonce.assign(value.begin(), value.end());
+      }
+      comm.aggregator.reset(new aggregate::Client(endpoints, config::getString("SHOAL_TOKEN"), nonce + "/" + comm.keyPrefix,
+                                       comm.rank, comm.size, context.deadline));
+      SHOAL_LOG_INFO("SHOAL_ALGO=aggregate: rank {} connected to {} aggregator(s): {}", comm.rank, endpoints.size(),
+                     list);
+    }
+    shoal_op_t wireOp = op == SHOAL_AVG ? SHOAL_SUM : op;
+    comm.aggregator->allreduce(sequence, send, recv, count, dtype, wireOp, context.deadline,
+                               [&] { comm.transport->checkNotAborted(); });
+    if (op == SHOAL_AVG) Reducer(dtype, op).finish(recv, count, comm.size);
+  });
+}
+
+}  // namespace shoal
