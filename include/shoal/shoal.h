@@ -25,6 +25,7 @@
 extern "C" {
 #endif
 
+/* The one place the version is written: CMakeLists.txt and pyproject.toml read it from here. */
 #define SHOAL_VERSION_MAJOR 0
 #define SHOAL_VERSION_MINOR 1
 #define SHOAL_VERSION_PATCH 0
