@@ -4,18 +4,14 @@
 #include <cstring>
 #include <limits>
 
-#include "api/export.h"
-#include "api/guard.h"
-#include "comm/agree.h"
 #include "api/checks.h"
-#include "aggregate/client.h"
-#include "comm/communicator.h"
-#include "gpu/route.h"
-#include "comm/call.h"
-#include "comm/host_ops.h"
-#include "plugin/driver.h"
+#include "api/enter.h"
+#include "api/export.h"
 #include "collectives/collectives.h"
-#include "runtime/blocking.h"
+#include "comm/agree.h"
+#include "comm/call.h"
+#include "gpu/route.h"
+#include "plugin/driver.h"
 
 namespace shoal {
 namespace {
@@ -59,34 +55,10 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
          call);
 }
 
-// Runs checks that come before the body takes the call's sequence number: a
-// refusal still takes it (see runCollective), so the next call pairs up.
-template <typename Checks>
-void refuseTakingNumber(shoal_comm& c, Checks&& checks) {
-  try {
-    checks();
-  } catch (const Error&) {
-    c.sequence++;
-    throw;
-  }
-}
-
 // Elements of a tensor after checking its rank and shape (api/checks.h).
 size_t checkedElements(const char* call, const char* name, const shoal_tensor_t* tensor) {
   if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, name);
   return checkedTensorElements(call, name, *tensor);
-}
-
-CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
-                          std::string_view algorithm = {}) {
-  CallSignature signature;
-  signature.kind = kind;
-  signature.dtype = dtype;
-  signature.op = op;
-  signature.count = count;
-  signature.root = root;
-  signature.algorithm = algorithm;
-  return signature;
 }
 
 }  // namespace
@@ -97,92 +69,86 @@ using namespace shoal;
 
 SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                             shoal_dtype_t dtype, shoal_op_t op) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_allreduce";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtypeOp(call, dtype, op);
-      size_t bytes = checkedBytes(call, "count", count, dtype);
-      checkBuffer(call, "sendbuf", sendbuf, bytes);
-      checkBuffer(call, "recvbuf", recvbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-      shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
-      shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
-      CallScope scope(c, signatureOf(CallKind::Allreduce, dtype, op, count));
-      allreduceTensor(c, sequence, input, output, op, nullptr);
-    });
+  return enter(comm, "shoal_allreduce", [&](Call& call) {
+    const char* name = call.name();
+    checkDtypeOp(name, dtype, op);
+    size_t bytes = checkedBytes(name, "count", count, dtype);
+    checkBuffer(name, "sendbuf", sendbuf, bytes);
+    checkBuffer(name, "recvbuf", recvbuf, bytes);
+    checkNoPartialOverlap(name, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+    shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
+    shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
+    call.declare(signatureOf(CallKind::Allreduce, dtype, op, count));
+    allreduceTensor(call.comm(), call.sequence(), input, output, op, nullptr);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                    const shoal_tensor_t* output, shoal_op_t op,
                                                    const shoal_allreduce_options_t* options) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_allreduce_tensor";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      if (input == nullptr || output == nullptr)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-      shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-      // Memory kinds are checked again by the driver, which routes the call.
-      MemoryRoute route = routeOf(call, {input, output});
-      checkCudaArguments(c, sequence, route, [&] {
-        if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", call,
-               options->struct_size);
-        if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
-        checkDtypeOp(call, input->dtype, op);
-        if (output->dtype != input->dtype)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
-               shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-        const size_t count = checkedTensorElements(call, "input", *input);
-        const size_t outputCount = checkedTensorElements(call, "output", *output);
-        if (count != outputCount)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
-               call, count, outputCount);
-        size_t bytes = checkedBytes(call, "the tensor's element count", count, input->dtype);
-        checkBuffer(call, "input->data", input->data, bytes);
-        checkBuffer(call, "output->data", output->data, bytes);
-        checkNoPartialOverlap(call, input->data, bytes, output->data, bytes, input->data == output->data);
-      });
-      CallScope scope(c, signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
-      allreduceTensor(c, sequence, *input, *output, op, &resolved);
+  return enter(comm, "shoal_allreduce_tensor", [&](Call& call) {
+    const char* name = call.name();
+    shoal_comm& c = call.comm();
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
+    shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    // Memory kinds are checked again by the driver, which routes the call.
+    MemoryRoute route = routeOf(name, {input, output});
+    checkCudaArguments(c, call.sequence(), route, [&] {
+      if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", name,
+             options->struct_size);
+      if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+      checkDtypeOp(name, input->dtype, op);
+      if (output->dtype != input->dtype)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
+             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+      const size_t count = checkedTensorElements(name, "input", *input);
+      const size_t outputCount = checkedTensorElements(name, "output", *output);
+      if (count != outputCount)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
+             name, count, outputCount);
+      size_t bytes = checkedBytes(name, "the tensor's element count", count, input->dtype);
+      checkBuffer(name, "input->data", input->data, bytes);
+      checkBuffer(name, "output->data", output->data, bytes);
+      checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);
     });
+    call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
+    allreduceTensor(c, call.sequence(), *input, *output, op, &resolved);
   });
 }
 
 namespace {
 
 // shoal_allgatherv's work after its entry checks; shoal_allgather's too.
-void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t sendcount, void* recvbuf,
-                    const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype) {
-  const uint64_t sequence = c.sequence++;
-  checkDtype(call, dtype);
+void allgathervBody(Call& call, const void* sendbuf, size_t sendcount, void* recvbuf, const size_t* recvcounts,
+                    const size_t* displs, shoal_dtype_t dtype) {
+  const char* name = call.name();
+  shoal_comm& c = call.comm();
+  checkDtype(name, dtype);
   if (recvcounts == nullptr)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", call);
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts is NULL; pass one count per rank", name);
   if (recvcounts[c.rank] != sendcount)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {}; they must be equal", call,
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {}; they must be equal", name,
          sendcount, c.rank, recvcounts[c.rank]);
   size_t element = dtypeSize(dtype), totalBytes = 0, end = 0;
   for (int r = 0; r < c.size; ++r) {
-    size_t bytes = checkedBytes(call, "recvcounts[r]", recvcounts[r], dtype);
-    size_t place = displs ? checkedBytes(call, "displs[r]", displs[r], dtype) : totalBytes;
+    size_t bytes = checkedBytes(name, "recvcounts[r]", recvcounts[r], dtype);
+    size_t place = displs ? checkedBytes(name, "displs[r]", displs[r], dtype) : totalBytes;
     if (std::numeric_limits<size_t>::max() - totalBytes < bytes || std::numeric_limits<size_t>::max() - place < bytes)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts/displs overflow the addressable size", call);
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcounts/displs overflow the addressable size", name);
     totalBytes += bytes;
     end = std::max(end, place + bytes);
   }
   size_t sendBytes = sendcount * element;
-  checkBuffer(call, "sendbuf", sendbuf, sendBytes);
-  checkBuffer(call, "recvbuf", recvbuf, end);
+  checkBuffer(name, "sendbuf", sendbuf, sendBytes);
+  checkBuffer(name, "recvbuf", recvbuf, end);
   uint8_t* ownPlace = static_cast<uint8_t*>(recvbuf) + (displs ? displs[c.rank] : [&] {
     size_t packed = 0;
     for (int r = 0; r < c.rank; ++r) packed += recvcounts[r];
     return packed;
   }()) * element;
-  checkNoPartialOverlap(call, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
+  checkNoPartialOverlap(name, sendbuf, sendBytes, recvbuf, end, sendbuf == ownPlace);
   if (sendBytes > 0 && sendbuf != ownPlace) std::memmove(ownPlace, sendbuf, sendBytes);
   // Every rank's count, as every rank sees it, in one digest. (Displacements
   // place blocks in this rank's buffer only: they may differ between ranks.)
@@ -190,62 +156,52 @@ void allgathervBody(shoal_comm& c, const char* call, const void* sendbuf, size_t
   for (int r = 0; r < c.size; ++r) layout = (layout ^ recvcounts[r]) * 1099511628211ull;
   CallSignature signature = signatureOf(CallKind::Allgather, dtype, -1, totalBytes / element, -1, "ring");
   signature.layout = layout;
-  CallScope scope(c, std::move(signature));
-  if (totalBytes == 0) return emptyCall(c, sequence);
+  call.declare(signature);
+  if (totalBytes == 0) return call.runEmpty();
   // Every rank forwards every block: one tag per segment and step.
   Blocks blocks = blocksFrom(recvcounts, displs, element, c.size, c.segmentBytes, c.size);
-  runCollective(c, sequence, [&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
+  call.run([&](Context& context) { ringAllgather(context, static_cast<uint8_t*>(recvbuf), blocks); });
 }
 
 }  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_allgatherv(shoal_comm_t comm, const void* sendbuf, size_t sendcount, void* recvbuf,
                                              const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_allgatherv";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] { allgathervBody(c, call, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype); });
+  return enter(comm, "shoal_allgatherv", [&](Call& call) {
+    allgathervBody(call, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allgather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                                             shoal_dtype_t dtype) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_allgather";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      // allgathervBody checks the rest and takes the call's sequence number;
-      // a refusal here takes it instead.
-      refuseTakingNumber(c, [&] {
-        checkDtype(call, dtype);
-        checkedBytes(call, "sendcount x world size", sendcount, dtype, static_cast<size_t>(c.size));
-      });
-      std::vector<size_t> counts(static_cast<size_t>(c.size), sendcount);
-      allgathervBody(c, call, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
-    });
+  return enter(comm, "shoal_allgather", [&](Call& call) {
+    checkDtype(call.name(), dtype);
+    checkedBytes(call.name(), "sendcount x world size", sendcount, dtype, static_cast<size_t>(call.comm().size));
+    std::vector<size_t> counts(static_cast<size_t>(call.comm().size), sendcount);
+    allgathervBody(call, sendbuf, sendcount, recvbuf, counts.data(), nullptr, dtype);
   });
 }
 
 namespace {
 
 // shoal_broadcast's work after its entry; shoal_broadcast_tensor's host path too.
-void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* recvbuf, size_t count,
-                   shoal_dtype_t dtype, int root) {
-  const uint64_t sequence = c.sequence++;
-  checkDtype(call, dtype);
+void broadcastBody(Call& call, const void* sendbuf, void* recvbuf, size_t count, shoal_dtype_t dtype, int root) {
+  const char* name = call.name();
+  shoal_comm& c = call.comm();
+  checkDtype(name, dtype);
   if (root < 0 || root >= c.size)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
-  size_t bytes = checkedBytes(call, "count", count, dtype);
-  if (c.rank == root) checkBuffer(call, "sendbuf (on root)", sendbuf, bytes);
-  checkBuffer(call, "recvbuf", recvbuf, bytes);
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", name, root, c.size - 1);
+  size_t bytes = checkedBytes(name, "count", count, dtype);
+  if (c.rank == root) checkBuffer(name, "sendbuf (on root)", sendbuf, bytes);
+  checkBuffer(name, "recvbuf", recvbuf, bytes);
   if (c.rank == root) {
-    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+    checkNoPartialOverlap(name, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
   }
   bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
-  CallScope scope(c, signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
-  if (bytes == 0) return emptyCall(c, sequence);
-  runCollective(c, sequence, [&](Context& context) {
+  call.declare(signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
+  if (bytes == 0) return call.runEmpty();
+  call.run([&](Context& context) {
     // Broadcast data flows one way: the root hears from no one. Empty
     // messages along a dissemination pattern first carry every rank's
     // signature (root included) to every rank, so a rank that names another
@@ -259,122 +215,101 @@ void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* r
 
 SHOAL_EXPORT shoal_status_t shoal_broadcast(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                             shoal_dtype_t dtype, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_broadcast";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] { broadcastBody(c, call, sendbuf, recvbuf, count, dtype, root); });
-  });
+  return enter(comm, "shoal_broadcast",
+               [&](Call& call) { broadcastBody(call, sendbuf, recvbuf, count, dtype, root); });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                    const shoal_tensor_t* output) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_allgather_tensor";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      if (input == nullptr || output == nullptr) {
-        c.sequence++;  // a refused call still takes its number (see runCollective)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-      }
-      size_t count = 0;
-      MemoryRoute route = routeOf(call, {input, output});
-      auto checks = [&] {
-        count = checkedElements(call, "input", input);
-        size_t outputCount = checkedElements(call, "output", output);
-        checkDtype(call, input->dtype);
-        if (output->dtype != input->dtype)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
-               shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-        size_t bytes = checkedBytes(call, "input elements x world size", count, input->dtype, c.size) / c.size;
-        if (outputCount != count * c.size)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output has {} elements; it must hold world size x input = {}", call,
-               outputCount, count * c.size);
-        checkBuffer(call, "input->data", input->data, bytes);
-        checkBuffer(call, "output->data", output->data, bytes * c.size);
-        const uint8_t* inPlace = static_cast<const uint8_t*>(output->data) + c.rank * bytes;
-        checkNoPartialOverlap(call, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
-      };
-      if (!route.cuda) {
-        refuseTakingNumber(c, checks);
-        std::vector<size_t> counts(static_cast<size_t>(c.size), count);
-        return allgathervBody(c, call, input->data, count, output->data, counts.data(), nullptr, input->dtype);
-      }
-      const uint64_t sequence = c.sequence++;
-      checkCudaArguments(c, sequence, route, checks);
-      checkCudaReady(c, call, route);
-      cudaAllgather(c, sequence, route, input->data, output->data, count, input->dtype);
-    });
+  return enter(comm, "shoal_allgather_tensor", [&](Call& call) {
+    const char* name = call.name();
+    shoal_comm& c = call.comm();
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
+    size_t count = 0;
+    MemoryRoute route = routeOf(name, {input, output});
+    auto checks = [&] {
+      count = checkedElements(name, "input", input);
+      size_t outputCount = checkedElements(name, "output", output);
+      checkDtype(name, input->dtype);
+      if (output->dtype != input->dtype)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
+             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+      size_t bytes = checkedBytes(name, "input elements x world size", count, input->dtype, c.size) / c.size;
+      if (outputCount != count * c.size)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output has {} elements; it must hold world size x input = {}", name,
+             outputCount, count * c.size);
+      checkBuffer(name, "input->data", input->data, bytes);
+      checkBuffer(name, "output->data", output->data, bytes * c.size);
+      const uint8_t* inPlace = static_cast<const uint8_t*>(output->data) + c.rank * bytes;
+      checkNoPartialOverlap(name, input->data, bytes, output->data, bytes * c.size, input->data == inPlace);
+    };
+    if (!route.cuda) {
+      checks();
+      std::vector<size_t> counts(static_cast<size_t>(c.size), count);
+      return allgathervBody(call, input->data, count, output->data, counts.data(), nullptr, input->dtype);
+    }
+    checkCudaArguments(c, call.sequence(), route, checks);
+    checkCudaReady(c, name, route);
+    cudaAllgather(c, call.sequence(), route, input->data, output->data, count, input->dtype);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t* tensor, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_broadcast_tensor";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      if (tensor == nullptr) {
-        c.sequence++;
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensor is NULL", call);
-      }
-      size_t count = 0;
-      MemoryRoute route = routeOf(call, {tensor});
-      auto checks = [&] {
-        count = checkedElements(call, "tensor", tensor);
-        checkDtype(call, tensor->dtype);
-        checkBuffer(call, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
-        if (root < 0 || root >= c.size)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
-      };
-      if (!route.cuda) {
-        refuseTakingNumber(c, checks);
-        return broadcastBody(c, call, tensor->data, tensor->data, count, tensor->dtype, root);
-      }
-      const uint64_t sequence = c.sequence++;
-      checkCudaArguments(c, sequence, route, checks);
-      checkCudaReady(c, call, route);
-      cudaBroadcast(c, sequence, route, tensor->data, tensor->data, count, tensor->dtype, root);
-    });
+  return enter(comm, "shoal_broadcast_tensor", [&](Call& call) {
+    const char* name = call.name();
+    shoal_comm& c = call.comm();
+    if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensor is NULL", name);
+    size_t count = 0;
+    MemoryRoute route = routeOf(name, {tensor});
+    auto checks = [&] {
+      count = checkedElements(name, "tensor", tensor);
+      checkDtype(name, tensor->dtype);
+      checkBuffer(name, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
+      if (root < 0 || root >= c.size)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", name, root, c.size - 1);
+    };
+    if (!route.cuda) {
+      checks();
+      return broadcastBody(call, tensor->data, tensor->data, count, tensor->dtype, root);
+    }
+    checkCudaArguments(c, call.sequence(), route, checks);
+    checkCudaReady(c, name, route);
+    cudaBroadcast(c, call.sequence(), route, tensor->data, tensor->data, count, tensor->dtype, root);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* sendbuf, void* recvbuf,
                                                  size_t recvcount, shoal_dtype_t dtype, shoal_op_t op) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_reduce_scatter";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtypeOp(call, dtype, op);
-      size_t totalBytes = checkedBytes(call, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
-      size_t bytes = recvcount * dtypeSize(dtype);
-      checkBuffer(call, "sendbuf", sendbuf, totalBytes);
-      checkBuffer(call, "recvbuf", recvbuf, bytes);
-      const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
-      checkNoPartialOverlap(call, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
-      CallScope scope(c, signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
-      if (recvcount == 0) return emptyCall(c, sequence);
-      Reducer reducer(dtype, op);
-      // The ring reduces in place over the whole buffer: work on a copy so sendbuf stays intact.
-      // The ring writes partial sums of every block: into scratch, so sendbuf
-      // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
-      uint8_t* work = c.scratch.get(2, totalBytes);
-      Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-      runCollective(c, sequence, [&](Context& context) {
-        ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
-      });
-      if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
-      reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
-      std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
+  return enter(comm, "shoal_reduce_scatter", [&](Call& call) {
+    const char* name = call.name();
+    shoal_comm& c = call.comm();
+    checkDtypeOp(name, dtype, op);
+    size_t totalBytes = checkedBytes(name, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
+    size_t bytes = recvcount * dtypeSize(dtype);
+    checkBuffer(name, "sendbuf", sendbuf, totalBytes);
+    checkBuffer(name, "recvbuf", recvbuf, bytes);
+    const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
+    checkNoPartialOverlap(name, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+    call.declare(signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
+    if (recvcount == 0) return call.runEmpty();
+    Reducer reducer(dtype, op);
+    // The ring writes partial sums of every block: into scratch, so sendbuf
+    // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
+    uint8_t* work = c.scratch.get(2, totalBytes);
+    Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
+    call.run([&](Context& context) {
+      ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
     });
+    if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
+    reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
+    std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
-  return guarded(comm, [&] {
-    shoal_comm& c = usableComm(comm, "shoal_barrier");
-    runtime::blockingCall(c, "shoal_barrier", [&] {
-      CallScope scope(c, signatureOf(CallKind::Barrier, -1, -1, 0));
-      runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
-    });
+  return enter(comm, "shoal_barrier", [&](Call& call) {
+    call.declare(signatureOf(CallKind::Barrier, -1, -1, 0));
+    call.run([&](Context& context) { barrierDissemination(context); });
   });
 }

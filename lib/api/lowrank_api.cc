@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "api/enter.h"
 #include "api/export.h"
 #include "api/guard.h"
 #include "comm/communicator.h"
@@ -50,11 +51,9 @@ size_t tensorElements(const char* call, int index, const shoal_tensor_t& tensor)
 
 SHOAL_EXPORT shoal_status_t shoal_fused_allreduce(shoal_comm_t comm, const shoal_tensor_t* tensors, int num_tensors,
                                                   shoal_op_t op) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_fused_allreduce";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;  // taken even when the arguments are refused (see run.h)
+  return enter(comm, "shoal_fused_allreduce", [&](Call& fused) {
+      const char* call = fused.name();
+      shoal_comm& c = fused.comm();
       if (tensors == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: tensors is NULL; pass an array of tensors", call);
       if (num_tensors <= 0)
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: num_tensors is {}; pass at least one tensor", call, num_tensors);
@@ -99,13 +98,13 @@ SHOAL_EXPORT shoal_status_t shoal_fused_allreduce(shoal_comm_t comm, const shoal
         if (counts[i] > 0) std::memcpy(flat + offset, tensors[i].data, counts[i] * element);
         offset += counts[i] * element;
       }
-      plainAllreduce(c, sequence, flat, flat, total, dtype, op);
+      fused.declare(signatureOf(CallKind::Allreduce, dtype, op, total));
+      plainAllreduce(c, fused.sequence(), flat, flat, total, dtype, op);
       offset = 0;
       for (int i = 0; i < num_tensors; ++i) {
         if (counts[i] > 0) std::memcpy(tensors[i].data, flat + offset, counts[i] * element);
         offset += counts[i] * element;
       }
-    });
   });
 }
 

@@ -90,6 +90,17 @@ std::string CallSignature::describe() const {
   return text + ")";
 }
 
+CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root, std::string_view algorithm) {
+  CallSignature signature;
+  signature.kind = kind;
+  signature.dtype = dtype;
+  signature.op = op;
+  signature.count = count;
+  signature.root = root;
+  signature.algorithm = algorithm;
+  return signature;
+}
+
 CallScope::CallScope(shoal_comm& comm, CallSignature signature)
     : comm_(comm), saved_(comm.call), savedCurrent_(currentCall) {
   comm.call = signature;

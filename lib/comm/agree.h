@@ -62,6 +62,10 @@ struct CallSignature {
   std::string describe() const;
 };
 
+// A signature from its common fields (the others keep their defaults).
+CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
+                          std::string_view algorithm = {});
+
 // Declares the call that a C entry point runs on a communicator: every
 // collective it runs (runCollective, comm/call.h) tags its messages with the
 // signature. Restores the previous one on exit (calls do not nest across

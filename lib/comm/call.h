@@ -2,8 +2,12 @@
 // deadline and the abort-on-failure rule every collective shares.
 #pragma once
 
-#include "comm/communicator.h"
+#include <optional>
+#include <utility>
+
 #include "collectives/collectives.h"
+#include "comm/agree.h"
+#include "comm/communicator.h"
 
 namespace shoal {
 
@@ -35,5 +39,40 @@ inline void emptyCall(shoal_comm& comm, uint64_t sequence) {
     allreduceTree(context, &unused, 0, Reducer(SHOAL_U8, SHOAL_SUM));
   });
 }
+
+// One API call on a communicator. It takes the call's sequence number once,
+// when it is made, before any argument is checked: a refused call still uses
+// up its number, so a rank that refuses can never pair its next call with its
+// peers' current one. declare() states the call's signature once the
+// arguments are known; run() runs the call's collective with both. Internal
+// collectives the call needs beyond its own (an allgatherv's counts, a
+// compressor's rounds) take further numbers from comm.sequence, in the same
+// order on every rank.
+class Call {
+ public:
+  Call(shoal_comm& comm, const char* name) : comm_(comm), name_(name), sequence_(comm.sequence++) {}
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  shoal_comm& comm() const { return comm_; }
+  const char* name() const { return name_; }
+  uint64_t sequence() const { return sequence_; }
+
+  // From here on, the call's messages carry this signature (comm/agree.h).
+  void declare(const CallSignature& signature) { scope_.emplace(comm_, signature); }
+
+  template <typename Body>
+  void run(Body&& body) {
+    runCollective(comm_, sequence_, std::forward<Body>(body));
+  }
+  // The call moves nothing but still meets its peers (emptyCall).
+  void runEmpty() { emptyCall(comm_, sequence_); }
+
+ private:
+  shoal_comm& comm_;
+  const char* name_;
+  const uint64_t sequence_;
+  std::optional<CallScope> scope_;
+};
 
 }  // namespace shoal
