@@ -446,14 +446,6 @@ bool floatCellsExact(const TensorPlan& plan, int n) {
   return plan.T - plan.Q + 1 + bits <= 24 && plan.T + 1 + bits <= 127;
 }
 
-// Two ranks: each member's f32 sum is one IEEE addition a + b, rounded once,
-// which is the exact sum rounded once whatever the span (the rule above is
-// for any order of many additions), as long as it cannot overflow (|a + b| <
-// 2^(T+2) <= 2^127). avg: round(a + b) / 2 is exact there too. So on dense
-// gradients two ranks send 4 bytes a member (with the index: ~1.03x dense f32)
-// instead of 8 K. Not for cells: a cell adds several members.
-inline bool oneAdditionExact(const TensorPlan& plan, int n) { return n == 2 && plan.T + 2 <= 127; }
-
 // After round 0: choose each tensor's values mode and encode its values (and
 // the leftovers of valid pre-sized sketches).
 void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
@@ -484,7 +476,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     }
     plan.valueOffset = valueWords;
     if (plan.mode == Mode::Compact) {
-      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan, n);
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan.T, n);
       if (plan.compactF32) {
         plan.valueOffset = denseCount;
         denseCount += u;
