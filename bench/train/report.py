@@ -157,12 +157,14 @@ def speed_tables(out, summary, hosts):
         limit = local.get(task)
         limit_ms = limit["step_ms_median"] if limit and "failed" not in limit else None
         text.append("\n### %s: time per step (%d hosts, one rank each)\n" % (task, hosts))
+        limit_cpu = limit.get("cpu_ms_per_step") if limit_ms else None
         text.append("No communication (the same step on one rank): %s.\n" % (
-            "%.1f ms" % limit_ms if limit_ms else "not measured"))
-        text.append("| link | configuration | step (ms, median) | mean | DDP dense / this | this / no-communication "
-                    "| sent per step per host (MB) | wire time at the rate (ms) | time to dense's accuracy "
-                    "(s, derived) | result |")
-        text.append("|---|---|---|---|---|---|---|---|---|---|")
+            ("%.1f ms" % limit_ms + (" (CPU %.1f ms)" % limit_cpu if limit_cpu is not None else ""))
+            if limit_ms else "not measured"))
+        text.append("| link | configuration | step (ms, median) | mean | rank 0's CPU per step (ms) | DDP dense / this "
+                    "| this / no-communication | sent per step per host (MB) | wire time at the rate (ms) "
+                    "| time to dense's accuracy (s, derived) | result |")
+        text.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for rate in rates:
             runs = load(os.path.join(out, "speed", rate, task, "*.log"))
             ddp = runs.get("ddp-none", {})
@@ -171,7 +173,7 @@ def speed_tables(out, summary, hosts):
             for name in sorted(runs, key=order_key):
                 r = runs[name]
                 if "failed" in r:
-                    text.append("| %s | %s | | | | | | | | failed: %s |" % (rate, name,
+                    text.append("| %s | %s | | | | | | | | | failed: %s |" % (rate, name,
                                                                           r["failed"].replace("|", "/")))
                     continue
                 sent = wire_bytes(os.path.join(out, "speed", rate, task, name + ".wire"))
@@ -181,8 +183,10 @@ def speed_tables(out, summary, hosts):
                 tta = None
                 if fid and fid["epochs_to_target"] is not None:
                     tta = fid["epochs_to_target"] * fid["steps_per_epoch"] * ms / 1e3
-                text.append("| %s | %s | %.1f | %.1f | %s | %s | %s | %s | %s | ok |" % (
-                    rate, name, ms, r["step_ms_mean"], "%.2f×" % (ddp_ms / ms) if ddp_ms else "—",
+                cpu = r.get("cpu_ms_per_step")  # absent in results from before it was recorded
+                text.append("| %s | %s | %.1f | %.1f | %s | %s | %s | %s | %s | %s | ok |" % (
+                    rate, name, ms, r["step_ms_mean"], "%.1f" % cpu if cpu is not None else "—",
+                    "%.2f×" % (ddp_ms / ms) if ddp_ms else "—",
                     "%.2f×" % (ms / limit_ms) if limit_ms else "—",
                     "%.2f" % (per_step / 1e6) if per_step is not None else "—",
                     "%.1f" % (per_step * 8 / rate_bits(rate) * 1e3) if per_step is not None and rate_bits(rate) else "—",

@@ -476,7 +476,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     }
     plan.valueOffset = valueWords;
     if (plan.mode == Mode::Compact) {
-      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan.T, n);
       if (plan.compactF32) {
         plan.valueOffset = denseCount;
         denseCount += u;
@@ -521,7 +521,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
         continue;
       }
       if (plan.mode == Mode::Compact && plan.compactF32) {
-        s.dense[plan.valueOffset + p] = v;
+        s.dense[plan.valueOffset + p] = v + 0.0f;  // -0 as +0: two -0 (a Bloom false positive) must sum to +0
       } else if (plan.mode == Mode::Compact) {
         addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
       } else if (plan.floatCells) {

@@ -129,7 +129,7 @@ __global__ void encodeCompactKernel(const float* x, const uint64_t* members, siz
 __global__ void gatherValuesKernel(const float* x, const uint64_t* members, size_t u, float* values) {
   for (size_t p = threadIndex(); p < u; p += threadCount()) {
     const float v = x[members[p]];
-    values[p] = isFinite(v) ? v : 0.0f;
+    values[p] = isFinite(v) ? v + 0.0f : 0.0f;  // -0 as +0: two -0 (a Bloom false positive) sum to +0
   }
 }
 

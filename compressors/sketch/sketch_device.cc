@@ -134,7 +134,7 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     }
     plan.valueOffset = s.valueWords;
     if (plan.mode == Mode::Compact) {
-      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
+      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan.T, n);
       if (plan.compactF32) {
         plan.valueOffset = s.denseCount;
         s.denseCount += plan.u;

@@ -234,14 +234,18 @@ class Recorder:
     def __init__(self, args, dist, metric_name):
         self.args, self.dist, self.metric = args, dist, metric_name
         self.step_s = []
+        self.cpu_s = []
         self.train_s = 0.0
         self.epochs = []
         self.extra = {}
 
     def timed_step(self, step):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = step()
         elapsed = time.perf_counter() - start
+        # CPU of every thread of this process (shoal's runtime thread too): next to the
+        # wall-clock step it says how much of the step was this rank's work, on a shared machine.
+        self.cpu_s.append(time.process_time() - cpu_start)
         self.step_s.append(elapsed)
         self.train_s += elapsed
         return loss
@@ -265,15 +269,17 @@ class Recorder:
         """Mean and median step time, the first 3 steps (warm-up, DDP's bucket rebuild) left out."""
         kept = sorted(self.step_s[3:] or self.step_s)
         mean = sum(kept) / len(kept)
-        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(self.step_s)}
+        cpu = self.cpu_s[3:] or self.cpu_s
+        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(self.step_s),
+                "cpu_ms_per_step": 1e3 * sum(cpu) / len(cpu)}
 
     def finish(self, model, final_metric):
         # Every rank must take part in the digest exchange; only rank 0 reports.
         identical = self.dist.identical(model)
         stats = self.step_stats()
         if self.dist.rank == 0:
-            print("step_ms_mean=%.3f step_ms_median=%.3f steps=%d ranks=%d config=%s" % (
-                stats["step_ms_mean"], stats["step_ms_median"], stats["steps"], self.dist.size,
+            print("step_ms_mean=%.3f step_ms_median=%.3f cpu_ms_per_step=%.3f steps=%d ranks=%d config=%s" % (
+                stats["step_ms_mean"], stats["step_ms_median"], stats["cpu_ms_per_step"], stats["steps"], self.dist.size,
                 describe(self.args).replace(" ", "_")), flush=True)
             print("identical=%d" % int(identical), flush=True)
             if self.args.json:

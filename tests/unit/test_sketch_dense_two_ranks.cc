@@ -1,0 +1,132 @@
+// The sketch on dense gradients (issue 19): with two ranks every member's sum
+// is one f32 addition, rounded once, so the values travel as f32 (4 bytes a
+// member) whatever the span: a dense-gradient tensor then costs the index plus
+// dense f32 (~1.03x), not 8 bytes a member (~2x). Still exact: the outputs are
+// compared bit for bit with the exact sum rounded once (for two f32 values
+// that is the f32 addition itself; avg: the exact half of it). With three ranks
+// the rule does not hold, and the payload stays 8 bytes a member.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness/dtype_model.h"
+#include "harness/harness.h"
+#include "shoal/shoal.h"
+
+namespace {
+
+using shoal::test::mix64;
+using shoal::test::runRanks;
+
+uint32_t bitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Gradient-like values: every element nonzero, random sign, 24-bit
+// significand, exponents over [-25, 10] (a span of 59 bits: beyond f32's 24,
+// within long double's 64 for the three-rank reference).
+float wideValue(int rank, size_t i) {
+  const uint64_t h = mix64(mix64(uint64_t(rank) + 1) ^ i);
+  const uint32_t mant = uint32_t(h & 0xffffffu) | 0x800000u;
+  const float v = std::ldexp(float(mant), -25 + int((h >> 24) % 36) - 23);
+  return (h >> 60) & 1 ? -v : v;
+}
+
+struct Outcome {
+  size_t payloadBytes = 0;
+  size_t badElements = 0;
+};
+
+// One sketch allreduce of `count` values per rank on n ranks; counts outputs
+// whose bits differ from expected(i) on any rank; rank 0's payload bytes.
+Outcome run(int n, size_t count, shoal_op_t op, const std::string& options, float (*value)(int, size_t),
+            const std::vector<float>& expected) {
+  Outcome outcome;
+  std::vector<size_t> bad(n, 0);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    std::vector<float> in(count), out(count, 12345.0f);
+    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    opts.compressor = "sketch";
+    opts.compressor_options = options.c_str();
+    opts.compress_min_bytes = 0;
+    shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
+    shoal_tensor_t tout = shoal_tensor_1d(out.data(), count, SHOAL_F32);
+    ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, op, &opts), SHOAL_OK) << shoal_last_error(comm);
+    for (size_t i = 0; i < count; ++i)
+      if (bitsOf(out[i]) != bitsOf(expected[i])) {
+        if (++bad[rank] <= 3)
+          ADD_FAILURE() << n << " ranks, " << options << ", rank " << rank << ", element " << i << ": got " << out[i]
+                        << ", want " << expected[i];
+      }
+    if (rank == 0) {
+      shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
+      ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
+      outcome.payloadBytes = stats.payload_bytes;
+    }
+  });
+  for (size_t b : bad) outcome.badElements += b;
+  return outcome;
+}
+
+TEST(SketchDense, TwoRanksSendF32ValuesExactly) {
+  const size_t count = 100003;
+  const size_t indexAndStats = (count + 63) / 64 * 8 + 24;
+  for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+    std::vector<float> expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      // f32 addition is the exact sum rounded once; halving it is exact here
+      // (no overflow, no subnormal results at these exponents).
+      const float sum = wideValue(0, i) + wideValue(1, i);
+      expected[i] = op == SHOAL_AVG ? sum / 2.0f : sum;
+    }
+    for (const char* options : {"values=auto", "values=compact"}) {
+      Outcome o = run(2, count, op, options, wideValue, expected);
+      EXPECT_EQ(o.badElements, 0u) << options;
+      EXPECT_EQ(o.payloadBytes, indexAndStats + 4 * count) << options << ": index + f32 values";
+    }
+  }
+}
+
+TEST(SketchDense, ThreeRanksKeepEightBytesAMember) {
+  // Three wide values need more than one rounding in f32, so the limbs travel.
+  // The reference: a long double sum (64-bit significand) of three such values
+  // is exact, then rounded once.
+  const size_t count = 20011;
+  std::vector<float> expected(count);
+  for (size_t i = 0; i < count; ++i) {
+    long double sum = 0;
+    for (int r = 0; r < 3; ++r) sum += wideValue(r, i);
+    expected[i] = float(sum);
+  }
+  Outcome o = run(3, count, SHOAL_SUM, "values=auto", wideValue, expected);
+  EXPECT_EQ(o.badElements, 0u);
+  EXPECT_GE(o.payloadBytes, 8 * count) << "three ranks cannot send f32 values losslessly";
+}
+
+float negativeZero(int, size_t) { return -0.0f; }
+float sparseOrNegativeZero(int rank, size_t i) { return i % 97 == 0 ? wideValue(rank, i) : -0.0f; }
+
+TEST(SketchDense, BloomFalsePositivesOfNegativeZerosSumToPlusZero) {
+  // A saturated Bloom filter lists coordinates where both ranks hold -0; their
+  // f32 values must still sum to +0 (the exact sum of zeros), not -0 + -0 = -0.
+  const size_t count = 50021;
+  std::vector<float> expected(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float sum = sparseOrNegativeZero(0, i) + sparseOrNegativeZero(1, i);
+    expected[i] = sum == 0.0f ? 0.0f : sum;
+  }
+  Outcome o = run(2, count, SHOAL_SUM, "values=compact,index=bloom,expected_density=0.00001", sparseOrNegativeZero,
+                  expected);
+  EXPECT_EQ(o.badElements, 0u);
+  std::vector<float> zeros(count, 0.0f);
+  o = run(2, count, SHOAL_SUM, "values=auto", negativeZero, zeros);
+  EXPECT_EQ(o.badElements, 0u);
+}
+
+}  // namespace
