@@ -546,7 +546,8 @@ void UcxTransport::sleepOnEvents(Deadline deadline) {
   // ucp_worker_arm says BUSY when events are already pending: progress instead.
   if (ucp_worker_arm(worker_) != UCS_OK) return;
   const Clock::time_point now = Clock::now();
-  const Clock::time_point wake = std::min({deadline, nextLivenessCheck_, now + std::chrono::milliseconds(kRemoteSleepMaxMs)});
+  const Clock::time_point wake =
+      std::min({deadline, nextLivenessCheck_, now + std::chrono::milliseconds(kRemoteSleepMaxMs)});
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
   pollfd descriptor{eventFd_, POLLIN, 0};
   ::poll(&descriptor, 1, static_cast<int>(std::clamp<long long>(ms, 0, kRemoteSleepMaxMs)));
