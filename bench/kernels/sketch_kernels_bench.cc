@@ -12,9 +12,12 @@
 //
 // The kernels are the per-element functions of sketch_math.h (bitmapSet,
 // decompose, addLimbs, cellOf, decodeOneLimb) in the loops of sketch.cc, which
-// keeps them in an anonymous namespace: the loops below mirror encodeIndex,
-// encodeValues, decodeKnown/writeOutputs line by line; the peel is sketch.cc's
-// own (peelSketch, sketch_peel.h).
+// keeps them in an anonymous namespace: the loops below mirror encodeValues and
+// decodeKnown line by line; round 0's scan, the member list and the output
+// writer are sketch.cc's own (sketch_host.h), as is the peel (peelSketch,
+// sketch_peel.h). The pipelines also report per-core encode and decode rates
+// (encGB/s, decGB/s: the dense bytes over this thread's CPU time, which other
+// jobs on a shared machine do not inflate), memcpy its cpuGB/s.
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
 // path, all rounds' CPU work, without the collectives.
