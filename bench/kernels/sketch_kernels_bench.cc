@@ -12,9 +12,12 @@
 //
 // The kernels are the per-element functions of sketch_math.h (bitmapSet,
 // decompose, addLimbs, cellOf, decodeOneLimb) in the loops of sketch.cc, which
-// keeps them in an anonymous namespace: the loops below mirror encodeIndex,
-// encodeValues, decodeKnown/writeOutputs line by line; the peel is sketch.cc's
-// own (peelSketch, sketch_peel.h).
+// keeps them in an anonymous namespace: the loops below mirror encodeValues and
+// decodeKnown line by line; round 0's scan, the member list and the output
+// writer are sketch.cc's own (sketch_host.h), as is the peel (peelSketch,
+// sketch_peel.h). The pipelines also report per-core encode and decode rates
+// (encGB/s, decGB/s: the dense bytes over this thread's CPU time, which other
+// jobs on a shared machine do not inflate), memcpy its cpuGB/s.
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
 // path, all rounds' CPU work, without the collectives.
@@ -27,8 +30,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <ctime>
 #include <vector>
 
+#include "compressors/sketch/sketch_host.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
 
@@ -81,6 +86,14 @@ const Data& data(int permille) {
   return d;
 }
 
+// This thread's CPU time in seconds: on a shared machine the wall clock also
+// counts other jobs' time slices, the thread's CPU time does not.
+double threadSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 void setRate(benchmark::State& state, size_t members) {
   state.counters["GB/s"] = benchmark::Counter(kBytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["members"] = double(members);
@@ -89,39 +102,29 @@ void setRate(benchmark::State& state, size_t members) {
 // ---- memcpy of the same 16 MiB --------------------------------------------------------
 void BM_Memcpy(benchmark::State& state) {
   std::vector<float> src(kCount, 1.0f), dst(kCount, 0.0f);
+  const double begin = threadSeconds();
   for (auto _ : state) {
     std::memcpy(dst.data(), src.data(), kCount * sizeof(float));
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
+  const double cpu = threadSeconds() - begin;
   setRate(state, kCount);
+  state.counters["cpuGB/s"] = kBytes * double(state.iterations()) / cpu / 1e9;
 }
 
 // ---- encode -------------------------------------------------------------------------------
-// Round 0 (encodeIndex): zero the bitmap, set a bit per nonzero, exponent statistics.
+// Round 0 (encodeIndex, bitmap index): sketch_host.h's scan, the bitmap words,
+// the exponent statistics and this rank's nonzero values in index order.
 void BM_BitmapBuild(benchmark::State& state) {
   const Data& d = data(int(state.range(0)));
   std::vector<uint64_t> bits(kCount / 64);
+  LocalValues values;
   for (auto _ : state) {
-    std::fill(bits.begin(), bits.end(), 0);
-    const float* x = d.x.data();
-    int top = -1000, lowest = 1000;
-    bool nonfinite = false;
-    for (size_t i = 0; i < kCount; ++i) {
-      if ((shoal::ops::floatBits(x[i]) & 0x7fffffffu) == 0) continue;
-      bitmapSet(bits.data(), i);
-      if (!isFinite(x[i])) {
-        nonfinite = true;
-        continue;
-      }
-      FloatParts p = decompose(x[i]);
-      top = std::max(top, p.top);
-      lowest = std::min(lowest, p.lowest);
-    }
-    benchmark::DoNotOptimize(top);
-    benchmark::DoNotOptimize(lowest);
-    benchmark::DoNotOptimize(nonfinite);
+    LocalStats s = scanIndex(d.x.data(), kCount, bits.data(), &values);
+    benchmark::DoNotOptimize(s);
     benchmark::DoNotOptimize(bits.data());
+    benchmark::DoNotOptimize(values.data.get());
   }
   setRate(state, d.members.size());
 }
@@ -130,9 +133,8 @@ void BM_BitmapBuild(benchmark::State& state) {
 void BM_SupportCompaction(benchmark::State& state) {
   const Data& d = data(int(state.range(0)));
   for (auto _ : state) {
-    std::vector<uint64_t> members;  // as sketch.cc: a fresh vector, push_back
-    for (size_t k = 0; k < d.bitmap.size(); ++k)
-      for (uint64_t word = d.bitmap[k]; word; word &= word - 1) members.push_back(k * 64 + __builtin_ctzll(word));
+    std::vector<uint64_t> members;  // as sketch.cc: a fresh vector
+    bitmapMembersFast(d.bitmap.data(), kCount, members);
     benchmark::DoNotOptimize(members.data());
   }
   setRate(state, d.members.size());
@@ -204,8 +206,7 @@ void BM_DecodeCompact(benchmark::State& state) {
   std::vector<float> result(u), out(kCount);
   for (auto _ : state) {
     for (size_t p = 0; p < u; ++p) result[p] = decodeOneLimb(static_cast<int64_t>(limbs[p]), d.Q, 1);
-    std::memset(out.data(), 0, kCount * sizeof(float));
-    for (size_t p = 0; p < u; ++p) out[d.members[p]] = result[p];
+    writeMembers(out.data(), kCount, d.members.data(), result.data(), u);
     benchmark::DoNotOptimize(out.data());
   }
   if (u && out[d.members[0]] != d.x[d.members[0]]) state.SkipWithError("decode mismatch");
@@ -244,7 +245,7 @@ void pipeline(benchmark::State& state, const char* mode) {
   op.tensors = &t;
   op.error_text = err;
   op.error_text_size = sizeof err;
-  double sent = 0;
+  double sent = 0, encodeSeconds = 0, decodeSeconds = 0;
   int rounds = 0;
   for (auto _ : state) {
     void* os = nullptr;
@@ -256,7 +257,11 @@ void pipeline(benchmark::State& state, const char* mode) {
     r.struct_size = sizeof r;
     sent = 0;
     for (r.index = 0; !r.done; ++r.index) {  // 1 rank: every allreduce is the identity
-      if (c->round(inst, os, &op, &r) != SHOAL_OK) {
+      const double before = threadSeconds();
+      const shoal_status_t status = c->round(inst, os, &op, &r);
+      // Rounds 0 and 1 encode (index, then values); later rounds peel and decode.
+      (r.index < 2 ? encodeSeconds : decodeSeconds) += threadSeconds() - before;
+      if (status != SHOAL_OK) {
         state.SkipWithError(err);
         break;
       }
@@ -272,6 +277,9 @@ void pipeline(benchmark::State& state, const char* mode) {
   setRate(state, d.members.size());
   state.counters["ratio"] = kBytes / std::max(1.0, sent);
   state.counters["rounds"] = rounds;
+  // Per core: the dense input's bytes over this thread's CPU time in each half.
+  state.counters["encGB/s"] = kBytes * double(state.iterations()) / std::max(1e-12, encodeSeconds) / 1e9;
+  state.counters["decGB/s"] = kBytes * double(state.iterations()) / std::max(1e-12, decodeSeconds) / 1e9;
 }
 void BM_Pipeline_Compact(benchmark::State& state) { pipeline(state, "compact"); }
 void BM_Pipeline_Sketch(benchmark::State& state) { pipeline(state, "sketch"); }

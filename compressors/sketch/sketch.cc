@@ -97,6 +97,7 @@
 #include <vector>
 
 #include "compressors/common/text.h"
+#include "compressors/sketch/sketch_host.h"
 #include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
@@ -128,6 +129,11 @@ struct TensorPlan {
   // This rank's own round-0 statistics: the agreed (MAX-ed) ones must cover them.
   bool localAny = false, localNonfinite = false;
   int localTop = 0, localLowest = 0;
+  // Bitmap index: this rank's own bitmap and nonzero values in index order (round 0's scan), read
+  // sequentially by the values round instead of gathering the input at U.
+  bool haveLocal = false;
+  std::vector<uint64_t> localBits;
+  LocalValues localValues;
   Mode mode = Mode::None;
   std::vector<uint64_t> members;  // U, ascending
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
@@ -299,21 +305,20 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
     TensorPlan& plan = s.plans[t];
     const float* x = inputOf(op->tensors[t]);
     uint64_t* bits = s.bitmap.data() + plan.wordOffset;
-    int top = -1000, lowest = 1000;
-    bool nonfinite = false, any = false;
-    for (size_t i = 0; i < plan.count; ++i) {
-      if ((ops::floatBits(x[i]) & 0x7fffffffu) == 0) continue;
-      if (plan.bloom.words > 0) bloomInsert(bits, i, plan.bloom);
-      else bitmapSet(bits, i);
-      if (!isFinite(x[i])) {
-        nonfinite = true;
-        continue;
+    LocalStats local;
+    if (plan.bloom.words == 0) {
+      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.h: 64 elements a step
+      plan.localBits.assign(bits, bits + plan.words);  // the payload is reduced in place
+      plan.haveLocal = true;
+    } else {
+      for (size_t i = 0; i < plan.count; ++i) {
+        if (!isNonzero(x[i])) continue;
+        bloomInsert(bits, i, plan.bloom);
+        addMemberStats(x + i, 1, local);
       }
-      FloatParts p = decompose(x[i]);
-      any = true;
-      top = std::max(top, p.top);
-      lowest = std::min(lowest, p.lowest);
     }
+    const bool any = local.any, nonfinite = local.nonfinite;
+    const int top = local.top, lowest = local.lowest;
     plan.localAny = any;
     plan.localNonfinite = nonfinite;
     plan.localTop = top;
@@ -409,7 +414,7 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
       const size_t tail = plan.count % 64;
       if (tail != 0 && (bits[plan.words - 1] >> tail) != 0)
         return malformed(op, 0, t, "index", "bits set past the tensor's count");
-      bitmapMembers(bits, plan.count, plan.members);
+      bitmapMembersFast(bits, plan.count, plan.members);
     }
     if (!plan.members.empty() && !plan.anyFinite && !plan.nonfinite)
       return malformed(op, 0, t, "index", "members in the union but no rank holds a nonzero value");
@@ -448,7 +453,7 @@ bool floatCellsExact(const TensorPlan& plan, int n) {
 
 // After round 0: choose each tensor's values mode and encode its values (and
 // the leftovers of valid pre-sized sketches).
-void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
+shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
   const int n = op->world_size;
   size_t valueWords = 0, denseCount = 0, specialWords = 0, presizedLeftoverWords = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
@@ -513,9 +518,17 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
     }
     if (plan.mode == Mode::None) continue;
     uint64_t* base = s.values.data() + plan.valueOffset;
+    std::vector<float> mine(u);  // this rank's value at each member of U
+    if (plan.haveLocal) {
+      if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
+                        plan.localValues.size, mine.data()))
+        return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+    } else {
+      for (size_t p = 0; p < u; ++p) mine[p] = x[plan.members[p]];
+    }
     for (size_t p = 0; p < u; ++p) {
       const uint64_t i = plan.members[p];
-      const float v = x[i];
+      const float v = mine[p];
       if (!isFinite(v)) {
         s.specials[plan.specialOffset + p] = specialBits(v);
         continue;
@@ -533,6 +546,7 @@ void encodeValues(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
       }
     }
   }
+  return SHOAL_OK;
 }
 
 void writeOutputs(OpState& s, shoal_compress_op_t* op) {
@@ -551,8 +565,7 @@ void writeOutputs(OpState& s, shoal_compress_op_t* op) {
       }
       continue;
     }
-    std::memset(out, 0, plan.count * sizeof(float));
-    for (size_t p = 0; p < plan.members.size(); ++p) out[plan.members[p]] = plan.result[p];
+    writeMembers(out, plan.count, plan.members.data(), plan.result.data(), plan.members.size());
   }
 }
 
@@ -606,7 +619,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   }
   if (s.stage == 0) {
     if (shoal_status_t status = readIndex(inst, s, op); status != SHOAL_OK) return status;
-    encodeValues(inst, s, op);
+    if (shoal_status_t status = encodeValues(inst, s, op); status != SHOAL_OK) return status;
     s.stage = 1;
     int np = 0;
     if (!s.presizedLeftovers.empty())

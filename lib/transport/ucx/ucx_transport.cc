@@ -26,6 +26,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -133,6 +134,8 @@ class UcxTransport final : public Transport {
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
   void idle(Clock::time_point idleSince);
+  bool waitsOnlyForRemotePeers(const Request* requests, size_t count) const;
+  void sleepOnEvents(Deadline deadline);
   // Records the first failure only; returns whether this call recorded it.
   bool recordFailure(shoal_status_t status, const std::string& text);
 
@@ -143,8 +146,20 @@ class UcxTransport final : public Transport {
   static constexpr unsigned kDedicatedSpinRounds = 2000;
   static constexpr unsigned kOversubscribedSpinRounds = 20;
   static constexpr int kEventWaitMs = 2;
+  // A wait for peers on other hosts only (bench/netns, real clusters): after
+  // kRemoteSpinRounds idle polls (a few microseconds: a reply already on its
+  // way) the rank arms the worker's event fd and sleeps in poll() until UCX
+  // has something (data, a writable socket, an abort notice), the deadline, or
+  // the next liveness/mismatch probe (checkForPeerTrouble, every 50 ms) is due.
+  // Network latency dwarfs the wake-up (a few microseconds), and a waiting
+  // rank then costs no CPU, as Gloo's blocking sockets do. Peers on this host
+  // keep the spin-then-yield policy: shared memory raises no event, and their
+  // replies come in microseconds.
+  static constexpr unsigned kRemoteSpinRounds = 50;
+  static constexpr int kRemoteSleepMaxMs = 50;
   unsigned spinRounds_ = 2000;
   int eventFd_ = -1;
+  std::vector<bool> remotePeer_;  // peers on other hosts (not this host, not this process)
 
   int rank_;
   int size_;
@@ -242,6 +257,8 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   postAbortReceive();
   options.store->set(prefix + std::to_string(rank_), address);
 
+  remotePeer_.assign(size_, false);
+  for (int peer = 0; peer < size_; ++peer) remotePeer_[peer] = !sameHost[peer];
   endpoints_.assign(size_, nullptr);
   peerSlots_.resize(size_);
   peerStatus_.assign(size_, UCS_OK);
@@ -512,6 +529,30 @@ void UcxTransport::idle(Clock::time_point idleSince) {
   ::poll(&descriptor, 1, kEventWaitMs);
 }
 
+// Whether every request still pending goes to a peer on another host.
+bool UcxTransport::waitsOnlyForRemotePeers(const Request* requests, size_t count) const {
+  bool any = false;
+  for (size_t i = 0; i < count; ++i) {
+    if (requests[i].done) continue;
+    if (requests[i].peer < 0 || requests[i].peer >= size_ || !remotePeer_[requests[i].peer]) return false;
+    any = true;
+  }
+  return any;
+}
+
+// Sleeps until the worker has events, the deadline passes, or the next
+// liveness/mismatch probe is due (at most kRemoteSleepMaxMs).
+void UcxTransport::sleepOnEvents(Deadline deadline) {
+  // ucp_worker_arm says BUSY when events are already pending: progress instead.
+  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point wake =
+      std::min({deadline, nextLivenessCheck_, now + std::chrono::milliseconds(kRemoteSleepMaxMs)});
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+  pollfd descriptor{eventFd_, POLLIN, 0};
+  ::poll(&descriptor, 1, static_cast<int>(std::clamp<long long>(ms, 0, kRemoteSleepMaxMs)));
+}
+
 void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
   checkUsable();
   unsigned idleRounds = 0;
@@ -540,6 +581,11 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
       // Spin briefly (lowest latency), then sleep on the worker's event fd so
       // that ranks outnumbering cores leave the CPU to the peers they wait for.
       if (++idleRounds == spinRounds_ + 1) idleSince = Clock::now();
+      if (eventFd_ >= 0 && idleRounds > std::min(spinRounds_, kRemoteSpinRounds) &&
+          waitsOnlyForRemotePeers(requests, count)) {
+        sleepOnEvents(deadline);
+        continue;
+      }
       if (idleRounds > spinRounds_) idle(idleSince);
     }
   } catch (const Error& error) {

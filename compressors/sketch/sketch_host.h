@@ -1,0 +1,195 @@
+// The sketch compressor's dense host passes, written for the CPU's vector
+// units: the round-0 scan (index bitmap + exponent statistics) and the output
+// write. Host only (the CUDA kernels have their own, sketch.cu); per-element
+// rules come from sketch_math.h so both sides agree bit for bit.
+//
+// Why a separate pass shape: the per-element loop (test, set a bit, decompose,
+// min/max) ran at a quarter of memcpy's speed, branch- and latency-bound. Here
+// the scan builds each 64-bit bitmap word from 16 SSE compares (4 floats
+// each) and only the members -- the set bits, a few percent of the elements --
+// go through the scalar statistics, so the pass runs at the speed of reading
+// the input once.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "compressors/sketch/sketch_math.h"
+
+namespace shoal::sketch {
+
+// This rank's round-0 statistics of one tensor: any finite nonzero value, the
+// highest (top) and lowest set bit positions over those, any Inf/NaN.
+struct LocalStats {
+  bool any = false, nonfinite = false;
+  int top = -1000, lowest = 1000;
+};
+
+// Bit k of the result: x[k] is nonzero (not +-0), for k < 64.
+inline uint64_t nonzeroMask64(const float* x) {
+#if defined(__SSE2__)
+  const __m128i magnitude = _mm_set1_epi32(0x7fffffff), zero = _mm_setzero_si128();
+  uint64_t mask = 0;
+  for (int k = 0; k < 64; k += 16) {
+    // Four vectors of four at a time: the four compares are independent.
+    __m128i a, b, c, d;
+    std::memcpy(&a, x + k, 16);
+    std::memcpy(&b, x + k + 4, 16);
+    std::memcpy(&c, x + k + 8, 16);
+    std::memcpy(&d, x + k + 12, 16);
+    const int za = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(a, magnitude), zero)));
+    const int zb = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, magnitude), zero)));
+    const int zc = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(c, magnitude), zero)));
+    const int zd = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(d, magnitude), zero)));
+    const uint64_t zeros16 = uint64_t(za) | uint64_t(zb) << 4 | uint64_t(zc) << 8 | uint64_t(zd) << 12;
+    mask |= (~zeros16 & 0xffffu) << k;
+  }
+  return mask;
+#else
+  uint64_t mask = 0;
+  for (int k = 0; k < 64; ++k) mask |= uint64_t(isNonzero(x[k])) << k;
+  return mask;
+#endif
+}
+
+// Folds the members named by `mask` (bits of x[0..64)) into the statistics.
+inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
+  for (; mask; mask &= mask - 1) {
+    const float v = x[__builtin_ctzll(mask)];
+    if (!isFinite(v)) {
+      s.nonfinite = true;
+      continue;
+    }
+    const FloatParts p = decompose(v);
+    s.any = true;
+    s.top = std::max(s.top, p.top);
+    s.lowest = std::min(s.lowest, p.lowest);
+  }
+}
+
+// Writes x[0..64)'s members named by mask at out, in index order; returns the end.
+inline float* appendMembers(const float* x, uint64_t mask, float* out) {
+  for (; mask; mask &= mask - 1) *out++ = x[__builtin_ctzll(mask)];
+  return out;
+}
+
+// Room for a tensor's nonzero values, allocated but not initialised (the
+// pages a sparse tensor never reaches are never touched).
+struct LocalValues {
+  std::unique_ptr<float[]> data;
+  size_t size = 0;
+};
+
+// Round 0 over one tensor: words[(count + 63) / 64] = the bitmap of x's
+// nonzeros (every word written, bits past count clear), and the statistics.
+// With values: this rank's nonzero values too, in index order, so that the
+// values round reads them sequentially (memberValues) instead of gathering
+// x at the union's members, a cache miss each once the tensor outgrows the
+// caches.
+inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues* values) {
+  LocalStats s;
+  float* out = nullptr;
+  if (values) {
+    values->data.reset(new float[count]);
+    out = values->data.get();
+  }
+  const size_t full = count / 64;
+  for (size_t w = 0; w < full; ++w) {
+    const float* block = x + 64 * w;
+    const uint64_t mask = nonzeroMask64(block);
+    words[w] = mask;
+    if (mask) {
+      addMemberStats(block, mask, s);
+      if (out) out = appendMembers(block, mask, out);
+    }
+  }
+  if (const size_t tail = count % 64; tail != 0) {
+    uint64_t mask = 0;
+    const float* block = x + 64 * full;
+    for (size_t k = 0; k < tail; ++k) mask |= uint64_t(isNonzero(block[k])) << k;
+    words[full] = mask;
+    addMemberStats(block, mask, s);
+    if (out) out = appendMembers(block, mask, out);
+  }
+  if (values) values->size = size_t(out - values->data.get());
+  return s;
+}
+
+// This rank's value at every member of the union (U, from unionWords), in U's
+// order, into out[0..|U|): localValues[q] is the value of the q-th set bit of
+// localWords (scanIndex), members outside this rank's support get +0. Returns
+// false when the union lacks one of this rank's own members: an OR that
+// includes this rank cannot, so the union payload was corrupted (its value
+// would silently vanish; the caller refuses the payload).
+inline bool memberValues(const uint64_t* unionWords, const uint64_t* localWords, size_t nwords,
+                         const float* localValues, size_t localCount, float* out) {
+  size_t q = 0, p = 0;
+  for (size_t k = 0; k < nwords; ++k) {
+    const uint64_t all = unionWords[k], mine = localWords[k];
+    if (mine & ~all) return false;
+    if (q + size_t(__builtin_popcountll(mine)) > localCount) return false;
+    if (mine == all) {  // every member here is this rank's: a straight copy
+      const int m = __builtin_popcountll(all);
+      for (int e = 0; e < m; ++e) out[p + e] = localValues[q + e];
+      p += size_t(m);
+      q += size_t(m);
+      continue;
+    }
+    for (uint64_t word = all; word; word &= word - 1) {
+      const uint64_t bit = word & (0 - word);
+      out[p++] = (mine & bit) ? localValues[q + size_t(__builtin_popcountll(mine & (bit - 1)))] : 0.0f;
+    }
+    q += size_t(__builtin_popcountll(mine));
+  }
+  return true;
+}
+
+// The members of a bitmap index, ascending: counted first (popcount), so the
+// list is written once without regrowth.
+inline void bitmapMembersFast(const uint64_t* words, size_t count, std::vector<uint64_t>& members) {
+  const size_t nwords = (count + 63) / 64;
+  size_t total = 0;
+  for (size_t k = 0; k < nwords; ++k) total += size_t(__builtin_popcountll(words[k]));
+  members.resize(total);
+  uint64_t* out = members.data();
+  for (size_t k = 0; k < nwords; ++k)
+    for (uint64_t word = words[k]; word; word &= word - 1) *out++ = k * 64 + uint64_t(__builtin_ctzll(word));
+}
+
+// The dense output of a compact or sketch tensor: +0 off U, result[p] at
+// members[p]. One pass, 64 floats at a time built in a local block and
+// written with streaming stores (the output is not read again here, and a
+// plain store of a line not in cache reads it first), instead of a memset of
+// the whole tensor followed by a scatter that misses the cache again.
+inline void writeMembers(float* out, size_t count, const uint64_t* members, const float* result, size_t u) {
+  size_t p = 0;
+  size_t base = 0;
+#if defined(__SSE2__)
+  if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    alignas(16) float block[64];
+    const __m128 zero = _mm_setzero_ps();
+    for (; base + 64 <= count; base += 64) {
+      if (p < u && members[p] < base + 64) {
+        for (int k = 0; k < 64; k += 4) _mm_store_ps(block + k, zero);
+        for (; p < u && members[p] < base + 64; ++p) block[members[p] - base] = result[p];
+        for (int k = 0; k < 64; k += 4) _mm_stream_ps(out + base + k, _mm_load_ps(block + k));
+      } else {
+        for (int k = 0; k < 64; k += 4) _mm_stream_ps(out + base + k, zero);
+      }
+    }
+    _mm_sfence();  // streaming stores are weakly ordered: visible before the caller reads out
+  }
+#endif
+  if (base < count) std::memset(out + base, 0, (count - base) * sizeof(float));
+  for (; p < u; ++p) out[members[p]] = result[p];
+}
+
+}  // namespace shoal::sketch
