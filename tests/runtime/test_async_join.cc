@@ -12,6 +12,8 @@
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
 #include "runtime/async_helpers.h"
+#include "runtime/join.h"
+#include "runtime/negotiation.h"
 #include "shoal/shoal.h"
 
 namespace shoal::test {
@@ -63,6 +65,57 @@ void unevenLoop(const std::vector<int>& steps, int expectedLast) {
     ASSERT_TRUE(callOk(shoal_join(comm, kWaitS, &last), comm, "shoal_join"));
     EXPECT_EQ(last, expectedLast) << "rank " << rank;
   });
+}
+
+// decide(): a joined rank counts as a submitter of every allreduce, never of other collectives.
+TEST(AsyncJoin, DecideTreatsJoinedRanksAsSubmittersOfAllreducesOnly) {
+  using namespace runtime;
+  Metadata sum;
+  sum.shape = {4};
+  Metadata gather = sum;
+  gather.kind = OpKind::Allgather;
+  Metadata join;
+  join.kind = OpKind::Join;
+  std::vector<std::vector<Announcement>> perRank = {
+      {{"a", sum, 0}, {"g", gather, 0}, {"only0", sum, 0}},
+      {{kJoinName, join, 0}},
+      {{"a", sum, 0}, {"g", gather, 0}},
+  };
+  Verdict v = decide(perRank);
+  EXPECT_EQ(v.joined, std::vector<int>{1});
+  EXPECT_FALSE(v.allJoined);
+  EXPECT_EQ(v.ready, std::vector<std::string>{"a"});
+  ASSERT_EQ(v.standIn.count("a"), 1u);
+  EXPECT_EQ(v.standIn.at("a"), sum);
+  ASSERT_EQ(v.joinErrors.size(), 1u);
+  EXPECT_EQ(v.joinErrors[0].first, "g");
+  EXPECT_NE(v.joinErrors[0].second.find("rank(s) 1 called shoal_join"), std::string::npos) << v.joinErrors[0].second;
+  ASSERT_EQ(v.partial.size(), 1u);  // rank 2 has not submitted it and has not joined
+  EXPECT_EQ(v.partial[0].name, "only0");
+  EXPECT_EQ(v.partial[0].missing, std::vector<int>{2});
+  // Everyone joined: the joins complete; a name some ranks left pending is stood in for.
+  perRank[0] = {{"x", sum, 0}, {kJoinName, join, 0}};
+  perRank[2] = {{kJoinName, join, 0}};
+  v = decide(perRank);
+  EXPECT_TRUE(v.allJoined);
+  EXPECT_EQ(v.ready, std::vector<std::string>{"x"});
+  // Every rank has submitted: no stand-in.
+  perRank = {{{"y", sum, 0}}, {{"y", sum, 0}}};
+  v = decide(perRank);
+  EXPECT_TRUE(v.joined.empty());
+  EXPECT_TRUE(v.standIn.empty());
+  EXPECT_EQ(v.ready, std::vector<std::string>{"y"});
+}
+
+TEST(AsyncJoin, JoinTrackerNamesTheLastRankTiesToTheHighest) {
+  runtime::JoinTracker tracker(3);
+  tracker.saw({1}, 4);
+  tracker.saw({0, 1}, 9);
+  EXPECT_EQ(tracker.lastToJoin(), 0);
+  tracker.saw({0, 1, 2}, 9);
+  EXPECT_EQ(tracker.lastToJoin(), 2);  // 0 and 2 both first seen in cycle 9
+  tracker.reset();
+  EXPECT_EQ(tracker.lastToJoin(), -1);
 }
 
 TEST(AsyncJoin, UnevenStepsFinishWithExactSumsAndNameTheLastRank) {
