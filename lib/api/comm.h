@@ -37,6 +37,7 @@ struct shoal_comm {
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
   shoal::Scratch scratch;  // reused by every call
   shoal::plugin::CompressorCache compressors;  // compressor instances and per-tensor state
+  shoal::plugin::CompressorDefaults compressorDefaults;  // SHOAL_COMPRESSOR* as at init (driver.h)
   shoal::plugin::CompressStats lastStats;
   std::string lastError;
   bool finalized = false;

@@ -100,6 +100,21 @@ struct CompressorChoice {
   std::string options;
   long long minBytes = 0;
 };
+// The environment's part of that resolution, read once per communicator at
+// init (shoal_comm.compressorDefaults): a small allreduce costs little more
+// than the getenv calls and config-table scans of reading it per call. A
+// process that changes SHOAL_COMPRESSOR* between calls creates a new
+// communicator (or passes the compressor per call).
+struct CompressorDefaults {
+  std::string environment;  // SHOAL_COMPRESSOR as set, "" when unset: it owns SHOAL_COMPRESSOR_OPTS
+  std::string name;         // SHOAL_COMPRESSOR, else its default, else "none"
+  std::string options;      // SHOAL_COMPRESSOR_OPTS
+  long long minBytes = 0;   // SHOAL_COMPRESS_MIN_BYTES
+  static CompressorDefaults fromEnvironment();
+};
+CompressorChoice resolveCompressor(const CompressorDefaults& defaults, const char* callCompressor,
+                                   const char* callOptions, long long callMinBytes);
+// The same against the environment as it is now (tests, and callers without a communicator).
 CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes);
 }  // namespace shoal::plugin
 
