@@ -437,7 +437,7 @@ void Engine::fullRound(std::vector<Ready>& ready, Clock::time_point now) {
   };
   for (const auto& [name, text] : verdict.errors) failHere(name, SHOAL_ERR_MISMATCH, text);
   for (const auto& [name, text] : verdict.joinErrors) failHere(name, SHOAL_ERR_UNSUPPORTED, text);
-  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(SHOAL_ERR_TIMEOUT, *fatal);
+  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(stall_->fatalStatus(), *fatal);
   joins_->saw(verdict.joined, cycle_);
   joinsComplete_ = verdict.allJoined;
   for (const std::string& name : verdict.ready) {
