@@ -1,6 +1,8 @@
 // The allreduce algorithm table and the `auto` choice.
 #include "collectives/collectives.h"
 
+#include <string_view>
+
 namespace shoal {
 
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
@@ -15,7 +17,8 @@ const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
 
 const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize,
                                           size_t treeMaxBytes) {
-  std::string wanted = name;
+  // Views, and the names list only on failure: this runs on every small allreduce.
+  std::string_view wanted = name;
   if (wanted.empty() || wanted == "auto") {
     // Recursive doubling wins while latency dominates (log2 n hops against
     // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
@@ -23,11 +26,11 @@ const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes,
   }
   // aggregate: what the aggregators cannot add takes the ring (lib/aggregate/client.h).
   if (wanted == "aggregate") wanted = "ring";
-  std::string names;
-  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms()) {
+  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms())
     if (wanted == algorithm.name) return algorithm;
+  std::string names;
+  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms())
     names += std::string(names.empty() ? "" : ", ") + algorithm.name;
-  }
   fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, {}", name, names);
 }
 

@@ -7,6 +7,7 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
+#include "compressors/sketch/sketch_checks.h"
 #include "compressors/sketch/sketch_cuda.h"
 
 namespace shoal::sketch::gpu {
@@ -28,6 +29,9 @@ __device__ inline size_t threadCount() { return size_t(gridDim.x) * blockDim.x; 
 __device__ inline void atomicOr64(uint64_t* word, uint64_t bits) {
   atomicOr(reinterpret_cast<unsigned long long*>(word), static_cast<unsigned long long>(bits));
 }
+// A peer's payload failed a check (sketch_checks.h): the host reads the word back and refuses.
+__device__ inline void flagBad(unsigned* flags, unsigned flag) { atomicOr(flags, flag); }
+
 __device__ inline void atomicAdd64(uint64_t* cell, uint64_t v) {  // wraps modulo 2^64, like the CPU's +=
   atomicAdd(reinterpret_cast<unsigned long long*>(cell), static_cast<unsigned long long>(v));
 }
@@ -101,15 +105,17 @@ int selectIndices(size_t count, Pick pick, uint64_t* out, unsigned long long* se
 }
 
 __global__ void countMembersKernel(const uint64_t* words, size_t count, BloomGeometry bloom,
-                                   unsigned long long* total) {
+                                   unsigned long long* total, unsigned* flags) {
   unsigned long long mine = 0;
   if (bloom.words == 0) {
     const size_t wordCount = (count + 63) / 64;
-    // Bits of the last word past count name no coordinate (a corrupted index): not counted, as
-    // listMembers does not list them.
+    // Bits of the last word past count name no coordinate: a corrupted index, refused by the
+    // host through the flag (never counted or listed).
     const uint64_t lastMask = count % 64 == 0 ? ~uint64_t(0) : (uint64_t(1) << (count % 64)) - 1;
-    for (size_t k = threadIndex(); k < wordCount; k += threadCount())
+    for (size_t k = threadIndex(); k < wordCount; k += threadCount()) {
+      if (k + 1 == wordCount && indexBitsPastCount(words[k], count)) flagBad(flags, kFlagIndexPastCount);
       mine += __popcll(k + 1 == wordCount ? words[k] & lastMask : words[k]);
+    }
   } else {
     for (size_t i = threadIndex(); i < count; i += threadCount()) mine += bloomTest(words, i, bloom);
   }
@@ -119,10 +125,12 @@ __global__ void countMembersKernel(const uint64_t* words, size_t count, BloomGeo
 
 // ---- values ----------------------------------------------------------------------------
 __global__ void encodeCompactKernel(const float* x, const uint64_t* members, size_t u, int Q, int L, int K,
-                                    uint64_t* values) {
+                                    uint64_t* values, unsigned* flags) {
   for (size_t p = threadIndex(); p < u; p += threadCount()) {
     const float v = x[members[p]];
-    if (isFinite(v)) addLimbs(v, Q, L, K, values + p, u);  // one writer per member: no atomics
+    if (!isFinite(v)) continue;
+    if (!fitsScale(v, Q, L, K)) flagBad(flags, kFlagOutsideScale);
+    addLimbs(v, Q, L, K, values + p, u);  // one writer per member: no atomics
   }
 }
 
@@ -148,12 +156,13 @@ __global__ void encodeSpecialsKernel(const float* x, const uint64_t* members, si
 }
 
 __global__ void scatterSketchKernel(const float* x, const uint64_t* support, size_t s, SketchGeometry g, int Q, int L,
-                                    int K, uint64_t* cells) {
+                                    int K, uint64_t* cells, unsigned* flags) {
   const uint64_t stride = 3 * g.part;
   for (size_t e = threadIndex(); e < s; e += threadCount()) {
     const uint64_t i = support[e];
     const float v = x[i];
     if (!isFinite(v)) continue;
+    if (!fitsScale(v, Q, L, K)) flagBad(flags, kFlagOutsideScale);
     const LimbPair limbs = limbPairOf(v, Q, L);
     if (limbs.k0 < 0) continue;
     for (int j = 0; j < 3; ++j) {
@@ -240,10 +249,12 @@ struct NotDone {
 };
 
 __global__ void encodeLeftoversKernel(const float* x, const uint64_t* members, const uint64_t* leftover, size_t m,
-                                      int Q, int L, int K, uint64_t* out) {
+                                      int Q, int L, int K, uint64_t* out, unsigned* flags) {
   for (size_t l = threadIndex(); l < m; l += threadCount()) {
     const float v = x[members[leftover[l]]];
-    if (isFinite(v)) addLimbs(v, Q, L, K, out + l, m);
+    if (!isFinite(v)) continue;
+    if (!fitsScale(v, Q, L, K)) flagBad(flags, kFlagOutsideScale);
+    addLimbs(v, Q, L, K, out + l, m);
   }
 }
 
@@ -318,21 +329,29 @@ int compactSupport(const float* x, size_t count, uint64_t* support, size_t* host
   return e ? e : f;
 }
 
-int countMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom, size_t* hostCount, void* stream) {
+int countMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom, size_t* hostCount,
+                 unsigned* hostFlags, void* stream) {
   *hostCount = 0;
+  *hostFlags = 0;
   if (count == 0) return 0;
-  unsigned long long* total = nullptr;
-  int e = allocate(reinterpret_cast<void**>(&total), sizeof *total, stream);
-  if (e == 0) e = zero(total, sizeof *total, stream);
+  struct Result {
+    unsigned long long total;
+    unsigned flags;
+  };
+  Result* result = nullptr;
+  int e = allocate(reinterpret_cast<void**>(&result), sizeof *result, stream);
+  if (e == 0) e = zero(result, sizeof *result, stream);
   if (e == 0) {
     const size_t items = bloom.words == 0 ? (count + 63) / 64 : count;
-    countMembersKernel<<<blocksFor(items), kThreads, 0, asStream(stream)>>>(words, count, bloom, total);
+    countMembersKernel<<<blocksFor(items), kThreads, 0, asStream(stream)>>>(words, count, bloom, &result->total,
+                                                                           &result->flags);
     e = launched();
   }
-  unsigned long long n = 0;
-  if (e == 0) e = copyToHost(&n, total, sizeof n, stream);
-  int f = release(total, stream);
-  *hostCount = size_t(n);
+  Result host{};
+  if (e == 0) e = copyToHost(&host, result, sizeof host, stream);
+  int f = release(result, stream);
+  *hostCount = size_t(host.total);
+  *hostFlags = host.flags;
   return e ? e : f;
 }
 
@@ -346,9 +365,9 @@ int listMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom,
 }
 
 int encodeCompact(const float* x, const uint64_t* members, size_t u, int Q, int L, int K, uint64_t* values,
-                  void* stream) {
+                  unsigned* flags, void* stream) {
   if (u == 0) return 0;
-  encodeCompactKernel<<<blocksFor(u), kThreads, 0, asStream(stream)>>>(x, members, u, Q, L, K, values);
+  encodeCompactKernel<<<blocksFor(u), kThreads, 0, asStream(stream)>>>(x, members, u, Q, L, K, values, flags);
   return launched();
 }
 
@@ -372,9 +391,9 @@ int encodeSpecials(const float* x, const uint64_t* members, size_t u, uint64_t* 
 }
 
 int scatterSketch(const float* x, const uint64_t* support, size_t s, const SketchGeometry& g, int Q, int L, int K,
-                  uint64_t* cells, void* stream) {
+                  uint64_t* cells, unsigned* flags, void* stream) {
   if (s == 0) return 0;
-  scatterSketchKernel<<<blocksFor(s), kThreads, 0, asStream(stream)>>>(x, support, s, g, Q, L, K, cells);
+  scatterSketchKernel<<<blocksFor(s), kThreads, 0, asStream(stream)>>>(x, support, s, g, Q, L, K, cells, flags);
   return launched();
 }
 
@@ -436,9 +455,10 @@ int peel(const uint64_t* members, size_t u, const SketchGeometry& g, int K, uint
 }
 
 int encodeLeftovers(const float* x, const uint64_t* members, const uint64_t* leftover, size_t m, int Q, int L, int K,
-                    uint64_t* out, void* stream) {
+                    uint64_t* out, unsigned* flags, void* stream) {
   if (m == 0) return 0;
-  encodeLeftoversKernel<<<blocksFor(m), kThreads, 0, asStream(stream)>>>(x, members, leftover, m, Q, L, K, out);
+  encodeLeftoversKernel<<<blocksFor(m), kThreads, 0, asStream(stream)>>>(x, members, leftover, m, Q, L, K, out,
+                                                                          flags);
   return launched();
 }
 

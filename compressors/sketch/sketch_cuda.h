@@ -40,14 +40,18 @@ int encodeIndex(const float* x, size_t count, const BloomGeometry& bloom, uint64
 // This rank's nonzero coordinates, ascending (CUB select): support[0..*hostCount). Synchronises.
 int compactSupport(const float* x, size_t count, uint64_t* support, size_t* hostCount, void* stream);
 // The members of an ORed index (bitmap, or Bloom filter when bloom.words > 0). Synchronises.
-int countMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom, size_t* hostCount, void* stream);
+// *hostFlags: sketch_checks.h's kFlagIndexPastCount when the bitmap has bits past count (refuse).
+int countMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom, size_t* hostCount,
+                 unsigned* hostFlags, void* stream);
 // members[0..u) ascending, u from countMembers (CUB select).
 int listMembers(const uint64_t* words, size_t count, const BloomGeometry& bloom, uint64_t* members, void* stream);
 
 // ---- values -----------------------------------------------------------------------
 // values=compact: each member's K limbs at values[k * u + p] (zeroed by the caller); Inf/NaN skipped.
+// flags (device, one word): kFlagOutsideScale when a value does not fit the agreed scale (refuse);
+// the same for scatterSketch and encodeLeftovers.
 int encodeCompact(const float* x, const uint64_t* members, size_t u, int Q, int L, int K, uint64_t* values,
-                  void* stream);
+                  unsigned* flags, void* stream);
 // values=compact as f32 (when f32 sums are exact): values[p] = x[members[p]], 0 for Inf/NaN.
 int gatherValues(const float* x, const uint64_t* members, size_t u, float* values, void* stream);
 // One word per member: specialBits (sketch_math.h), for the BOR of Inf/NaN.
@@ -56,7 +60,7 @@ int encodeSpecials(const float* x, const uint64_t* members, size_t u, uint64_t* 
 // cells (atomicAdd on u64: exact modulo 2^64, so the order does not matter).
 // cells: K limbs per cell, limb-major, stride 3 * g.part, zeroed by the caller.
 int scatterSketch(const float* x, const uint64_t* support, size_t s, const SketchGeometry& g, int Q, int L, int K,
-                  uint64_t* cells, void* stream);
+                  uint64_t* cells, unsigned* flags, void* stream);
 
 // Peels summed cells (consumed) over the members: counts from the members,
 // then two-phase rounds (find pure cells; apply) on the device, batches of
@@ -69,7 +73,7 @@ int peel(const uint64_t* members, size_t u, const SketchGeometry& g, int K, uint
 
 // The leftovers' limbs: out[k * m + l] += limbs of x[members[leftover[l]]] (zeroed by the caller).
 int encodeLeftovers(const float* x, const uint64_t* members, const uint64_t* leftover, size_t m, int Q, int L, int K,
-                    uint64_t* out, void* stream);
+                    uint64_t* out, unsigned* flags, void* stream);
 // Summed leftovers back into the members' limbs: limbs[k * u + leftover[l]] = summed[k * m + l].
 int placeLeftovers(const uint64_t* summed, const uint64_t* leftover, size_t m, size_t u, int K, uint64_t* limbs,
                    void* stream);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compressors/common/text.h"
+#include "compressors/sketch/sketch_checks.h"
 #include "compressors/sketch/sketch_cuda.h"
 #include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
@@ -50,6 +51,7 @@ struct DeviceState {
   std::vector<void*> owned;  // released by deviceFinish
   int stage = 0;
   bool malformed = false;  // a received payload failed its checks (the error text says which)
+  unsigned* flags = nullptr;  // the kernels' checks (sketch_checks.h), read back after them
 };
 
 const float* inputOf(const shoal_compress_op_t* op, int t) {
@@ -78,6 +80,23 @@ bool refuseMalformed(DeviceState& s, shoal_compress_op_t* op, Checker& check, in
             "sketch (CUDA): malformed payload after round 0, tensor %d: %s: %s (a rank sent corrupted data, or it "
             "runs a different shoal)",
             t, what, why);
+  s.malformed = true;
+  check.ok = false;
+  return false;
+}
+
+// The encode kernels' flag word (one synchronisation): a local value that the
+// agreed scale does not cover means the reduced statistics were corrupted;
+// refused, as the CPU path's coversLocal refuses it, instead of dropped.
+bool scaleCovered(DeviceState& s, shoal_compress_op_t* op, Checker& check, int round) {
+  unsigned flags = 0;
+  if (s.flags == nullptr) return true;
+  if (!check(gpu::copyToHost(&flags, s.flags, sizeof flags, s.stream), "reading the check flags")) return false;
+  if (!(flags & kFlagOutsideScale)) return true;
+  writeText(op->error_text, op->error_text_size,
+            "sketch (CUDA): malformed payload after round %d: statistics: the agreed scale does not cover this "
+            "rank's values (a rank sent corrupted data, or it runs a different shoal)",
+            round);
   s.malformed = true;
   check.ok = false;
   return false;
@@ -112,9 +131,15 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     plan.L = scale.L;
     plan.K = scale.K;
     const uint64_t* words = s.index + plan.wordOffset;
-    // countMembers counts only coordinates below count (index bits past it are ignored, never listed).
-    if (!check(gpu::countMembers(words, plan.count, plan.bloom, &plan.u, s.stream), "counting the union")) return false;
+    // countMembers counts only coordinates below count and flags index bits past it.
+    unsigned flags = 0;
+    if (!check(gpu::countMembers(words, plan.count, plan.bloom, &plan.u, &flags, s.stream), "counting the union"))
+      return false;
+    if (flags & kFlagIndexPastCount)
+      return refuseMalformed(s, op, check, t, "index", "bits set past the tensor's count");
     if (plan.u > plan.count) return refuseMalformed(s, op, check, t, "index", "more members than coordinates");
+    if (plan.u > 0 && !plan.anyFinite && !plan.nonfinite)
+      return refuseMalformed(s, op, check, t, "index", "members in the union but no rank holds a nonzero value");
     if (plan.u > 0) {
       if (!allocateOwned(s, check, &plan.members, plan.u, "allocating the union")) return false;
       if (!check(gpu::listMembers(words, plan.count, plan.bloom, plan.members, s.stream), "listing the union"))
@@ -149,7 +174,8 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
   }
   if (!allocateOwned(s, check, &s.values, s.valueWords, "allocating the values") ||
       !allocateOwned(s, check, &s.specials, s.specialWords, "allocating the specials") ||
-      !allocateOwned(s, check, &s.dense, s.denseCount, "allocating the dense values"))
+      !allocateOwned(s, check, &s.dense, s.denseCount, "allocating the dense values") ||
+      !allocateOwned(s, check, &s.flags, 1, "allocating the check flags"))
     return false;
   for (int t = 0; t < op->num_tensors; ++t) {
     DevicePlan& plan = s.plans[t];
@@ -170,7 +196,8 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     }
     uint64_t* base = s.values + plan.valueOffset;
     if (plan.mode == Mode::Compact) {
-      if (!check(gpu::encodeCompact(x, plan.members, plan.u, plan.Q, plan.L, plan.K, base, s.stream), "compact encode"))
+      if (!check(gpu::encodeCompact(x, plan.members, plan.u, plan.Q, plan.L, plan.K, base, s.flags, s.stream),
+                 "compact encode"))
         return false;
       continue;
     }
@@ -179,11 +206,12 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     size_t supportCount = 0;
     if (!allocateOwned(s, check, &support, plan.u, "allocating the support") ||
         !check(gpu::compactSupport(x, plan.count, support, &supportCount, s.stream), "support compaction") ||
-        !check(gpu::scatterSketch(x, support, supportCount, plan.geometry, plan.Q, plan.L, plan.K, base, s.stream),
+        !check(gpu::scatterSketch(x, support, supportCount, plan.geometry, plan.Q, plan.L, plan.K, base, s.flags,
+                                  s.stream),
                "sketch scatter"))
       return false;
   }
-  return true;
+  return scaleCovered(s, op, check, 0);
 }
 
 // After round 1: peel the sketches; the leftovers' payload.
@@ -216,11 +244,11 @@ bool peelSketches(DeviceState& s, shoal_compress_op_t* op, Checker& check) {
     DevicePlan& plan = s.plans[t];
     if (plan.mode != Mode::Sketch || plan.m == 0) continue;
     if (!check(gpu::encodeLeftovers(inputOf(op, t), plan.members, plan.leftover, plan.m, plan.Q, plan.L, plan.K,
-                                    s.leftovers + plan.leftoverOffset, s.stream),
+                                    s.leftovers + plan.leftoverOffset, s.flags, s.stream),
                "leftover encode"))
       return false;
   }
-  return true;
+  return scaleCovered(s, op, check, 1);
 }
 
 bool writeOutputs(DeviceState& s, shoal_compress_op_t* op, Checker& check) {

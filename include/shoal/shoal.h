@@ -328,6 +328,17 @@ typedef struct shoal_async_stats {
 
 shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_stats_t *stats);
 
+/* Horovod's join, for uneven data: a rank that ran out of batches calls it and
+ * blocks while its runtime keeps taking part in the other ranks' named
+ * allreduces with zeros (sum and average only; average divides by the world
+ * size), until every rank has joined. *last_rank (may be NULL) is the rank that
+ * joined last. Allgather, broadcast, other ops and blocking calls submitted
+ * while some rank has joined fail on their submitters (SHOAL_ERR_UNSUPPORTED),
+ * and the joined ranks' shoal_join returns the same error once all joined.
+ * timeout_s as in shoal_wait; on SHOAL_ERR_TIMEOUT this rank stays joined and
+ * a later shoal_join keeps waiting. Starts the async runtime if needed. */
+shoal_status_t shoal_join(shoal_comm_t comm, double timeout_s, int *last_rank);
+
 #ifdef __cplusplus
 }
 #endif

@@ -84,7 +84,7 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
                                              const shoal_tensor_t* output, shoal_op_t op,
                                              const shoal_async_options_t* options, shoal_request_t* request) {
   const char* call = "shoal_iallreduce";
-  return submit(comm, call, request, [&](shoal_comm&) {
+  return submit(comm, call, request, [&](shoal_comm& c) {
     checkName(call, name);
     auto r = std::make_shared<runtime::Request>();
     r->name = name;
@@ -110,7 +110,8 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
     shoal_async_options_t resolved = SHOAL_ASYNC_OPTIONS_INIT;
     if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
     plugin::CompressorChoice choice =
-        plugin::resolveCompressor(resolved.compressor, resolved.compressor_options, resolved.compress_min_bytes);
+        plugin::resolveCompressor(c.compressors->defaults, resolved.compressor, resolved.compressor_options,
+                                  resolved.compress_min_bytes);
     r->meta.compressor = choice.name;
     r->meta.options = choice.options;
     r->meta.minBytes = choice.minBytes;

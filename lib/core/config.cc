@@ -51,6 +51,8 @@ const std::vector<Variable>& table() {
       {"SHOAL_STALL_SHUTDOWN_S", "0", "Async runtime: such a stall becomes an error on every rank after this long; 0 = off.", K::Number, 0, kMaxSeconds},
       // Bindings (read by the Python package, docs/python.md).
       {"SHOAL_LIBRARY", "", "Python: path of the libshoal.so to load; else the wheel's copy, else the system's."},
+      // Tests.
+      {"SHOAL_CONFORMANCE_REQUIRE", "", "Tests: test_conformance fails unless every compressor named here (commas or spaces) is registered, so CI can insist that a plugin was found."},
   };
   return variables;
 }

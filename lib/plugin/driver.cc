@@ -21,19 +21,32 @@ void logFromPlugin(int level, const char* message) {
 
 }  // namespace
 
-CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes) {
+CompressorDefaults CompressorDefaults::fromEnvironment() {
+  CompressorDefaults d;
+  d.environment = config::getRaw("SHOAL_COMPRESSOR").value_or("");
+  d.name = d.environment.empty() ? config::getString("SHOAL_COMPRESSOR") : d.environment;
+  if (d.name.empty()) d.name = "none";
+  d.options = config::getString("SHOAL_COMPRESSOR_OPTS");
+  d.minBytes = config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  return d;
+}
+
+CompressorChoice resolveCompressor(const CompressorDefaults& defaults, const char* callCompressor,
+                                   const char* callOptions, long long callMinBytes) {
   CompressorChoice choice;
+  if (callCompressor) choice.name = callCompressor;
+  if (choice.name.empty()) choice.name = defaults.name;
   // Only a compressor the environment names owns the environment's options.
-  const std::string environment = config::getRaw("SHOAL_COMPRESSOR").value_or("");
-  choice.name = callCompressor ? callCompressor : environment;
-  if (choice.name.empty()) choice.name = config::getString("SHOAL_COMPRESSOR");
-  if (choice.name.empty()) choice.name = "none";
   if (callOptions)
     choice.options = callOptions;
-  else if (!environment.empty() && choice.name == environment)
-    choice.options = config::getString("SHOAL_COMPRESSOR_OPTS");
-  choice.minBytes = callMinBytes >= 0 ? callMinBytes : config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  else if (!defaults.environment.empty() && choice.name == defaults.environment)
+    choice.options = defaults.options;
+  choice.minBytes = callMinBytes >= 0 ? callMinBytes : defaults.minBytes;
   return choice;
+}
+
+CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes) {
+  return resolveCompressor(CompressorDefaults::fromEnvironment(), callCompressor, callOptions, callMinBytes);
 }
 
 CompressorInstance::CompressorInstance(const shoal_compressor_t* table, const std::string& options)
@@ -294,7 +307,8 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   stats.inputBytes = bytes;
 
   const plugin::CompressorChoice choice =
-      plugin::resolveCompressor(options ? options->compressor : nullptr, options ? options->compressor_options : nullptr,
+      plugin::resolveCompressor(comm.compressors->defaults, options ? options->compressor : nullptr,
+                                options ? options->compressor_options : nullptr,
                                 options ? options->compress_min_bytes : -1);
   const std::string& name = choice.name;
   const std::string& copts = choice.options;

@@ -42,6 +42,19 @@ class CompressorInstance {
   std::map<std::string, void*> states_;
 };
 
+// The environment's part of a compressor's resolution (resolveCompressor),
+// read once per communicator at init (CompressorCache::defaults): a small allreduce costs little more
+// than the getenv calls and config-table scans of reading it per call. A
+// process that changes SHOAL_COMPRESSOR* between calls creates a new
+// communicator (or passes the compressor per call).
+struct CompressorDefaults {
+  std::string environment;  // SHOAL_COMPRESSOR as set, "" when unset: it owns SHOAL_COMPRESSOR_OPTS
+  std::string name;         // SHOAL_COMPRESSOR, else its default, else "none"
+  std::string options;      // SHOAL_COMPRESSOR_OPTS
+  long long minBytes = 0;   // SHOAL_COMPRESS_MIN_BYTES
+  static CompressorDefaults fromEnvironment();
+};
+
 // Compressor instances of one communicator, keyed by "name|options".
 class CompressorCache {
  public:
@@ -56,6 +69,8 @@ class CompressorCache {
   std::string unnamedKey(const shoal_tensor_t& output);
   // True the first time a key is given (for once-per-tensor log lines).
   bool firstTime(const std::string& key) { return noticed_.insert(key).second; }
+  // SHOAL_COMPRESSOR* as they were when the communicator was made.
+  CompressorDefaults defaults = CompressorDefaults::fromEnvironment();
 
  private:
   std::map<std::string, std::unique_ptr<CompressorInstance>> instances_;
@@ -92,6 +107,9 @@ struct CompressorChoice {
   std::string options;
   long long minBytes = 0;
 };
+CompressorChoice resolveCompressor(const CompressorDefaults& defaults, const char* callCompressor,
+                                   const char* callOptions, long long callMinBytes);
+// The same against the environment as it is now (tests, and callers without a communicator).
 CompressorChoice resolveCompressor(const char* callCompressor, const char* callOptions, long long callMinBytes);
 }  // namespace shoal::plugin
 

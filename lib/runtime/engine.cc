@@ -185,6 +185,7 @@ void Engine::ensureStarted(const char* call) {
   settings_ = settings;
   cache_ = std::make_unique<ResponseCache>(settings_.cacheCapacity);
   stall_ = std::make_unique<StallInspector>(settings_.stall, comm_.rank);
+  joins_ = std::make_unique<JoinTracker>(comm_.size);
   lastProbe_ = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -239,6 +240,35 @@ void Engine::runBlocking(const char* call, const std::function<void()>& body) {
   if (request->status() != SHOAL_OK) throw Error(request->status(), request->error());
 }
 
+int Engine::join(const char* call, double timeoutS) {
+  std::shared_ptr<Request> request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request = join_;
+  }
+  if (!request) {
+    request = std::make_shared<Request>();
+    request->name = kJoinName;
+    request->meta.kind = OpKind::Join;
+    request->meta.call = call;
+    submit(request, call);
+    std::lock_guard<std::mutex> lock(mutex_);
+    join_ = request;
+  }
+  if (!request->waitUntil(deadlineAfter(timeoutS)))
+    fail(SHOAL_ERR_TIMEOUT,
+         "{}: not every rank joined within {} s; this rank stays joined (it keeps standing in for the others' "
+         "allreduces): call shoal_join again to keep waiting, with a longer timeout_s if the others have much data "
+         "left",
+         call, timeoutS);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (join_ == request) join_.reset();
+  }
+  if (request->status() != SHOAL_OK) throw Error(request->status(), request->error());
+  return request->lastJoined;
+}
+
 void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -256,6 +286,11 @@ EngineStats Engine::stats() {
 }
 
 void Engine::finish(Request& request, shoal_status_t status, const std::string& error) {
+  if (request.standIn) {  // nobody waits for it; its error belongs to this rank's join
+    if (status != SHOAL_OK) joins_->noteError(error);
+    request.complete(status, error);
+    return;
+  }
   pendingByName_.erase(request.name);
   {
     // Before completing: the submitter may reuse the name at once.
@@ -367,6 +402,7 @@ bool Engine::cycle() {
   if (timeline_)
     for (const Ready& r : ready) timeline_->span(r.request->name, "NEGOTIATE", r.request->submitted, now);
   execute(ready);
+  if (joinsComplete_) finishJoin();
   ++cycle_;
   if (!ready.empty() || anyFullRound)
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& r) { return r->done(); }),
@@ -392,13 +428,41 @@ void Engine::fullRound(std::vector<Ready>& ready, Clock::time_point now) {
   std::vector<std::vector<Announcement>> perRank(comm_.size);
   for (int r = 0; r < comm_.size; ++r) perRank[r] = decodeAnnouncements(gathered.data() + displs[r], counts[r]);
   Verdict verdict = decide(perRank);
-  for (const auto& [name, text] : verdict.errors) finish(*pendingByName_.at(name), SHOAL_ERR_MISMATCH, text);
-  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(SHOAL_ERR_TIMEOUT, *fatal);
+  // With joined ranks a name may be pending on some ranks only: those fail it,
+  // a joined rank keeps the text for its join.
+  auto failHere = [&](const std::string& name, shoal_status_t status, const std::string& text) {
+    auto found = pendingByName_.find(name);
+    if (found != pendingByName_.end()) finish(*found->second, status, text);
+    else joins_->noteError(text);
+  };
+  for (const auto& [name, text] : verdict.errors) failHere(name, SHOAL_ERR_MISMATCH, text);
+  for (const auto& [name, text] : verdict.joinErrors) failHere(name, SHOAL_ERR_UNSUPPORTED, text);
+  if (auto fatal = stall_->inspect(verdict.partial)) throw AgreedStop(stall_->fatalStatus(), *fatal);
+  joins_->saw(verdict.joined, cycle_);
+  joinsComplete_ = verdict.allJoined;
   for (const std::string& name : verdict.ready) {
-    const auto& request = pendingByName_.at(name);
+    auto found = pendingByName_.find(name);
+    // Not pending here: this rank joined and stands in (decide() says so).
+    std::shared_ptr<Request> request =
+        found != pendingByName_.end() ? found->second : makeStandIn(name, verdict.standIn.at(name));
     ready.push_back({request, false, Clock::now()});
     cache_->put(cacheKey(name, request->meta), name, request->meta, cycle_);
   }
+}
+
+void Engine::finishJoin() {
+  joinsComplete_ = false;
+  auto found = pendingByName_.find(kJoinName);
+  if (found != pendingByName_.end()) {
+    std::shared_ptr<Request> request = found->second;
+    request->lastJoined = joins_->lastToJoin();
+    const std::string& error = joins_->error();
+    finish(*request, error.empty() ? SHOAL_OK : SHOAL_ERR_UNSUPPORTED,
+           error.empty() ? std::string()
+                         : fmt::format("{}: every rank joined, but while this rank was joined: {}",
+                                       request->meta.call, error));
+  }
+  joins_->reset();
 }
 
 void Engine::execute(std::vector<Ready>& ready) {

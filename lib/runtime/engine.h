@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/fusion.h"
+#include "runtime/join.h"
 #include "runtime/negotiation.h"
 #include "runtime/request.h"
 #include "runtime/stall.h"
@@ -67,6 +68,10 @@ class Engine {
   // A blocking collective once the engine runs: negotiated like a request
   // named kBlockingName, run on the engine thread, waited for here.
   void runBlocking(const char* call, const std::function<void()>& body);
+  // shoal_join: this rank stands in for the others' allreduces until every
+  // rank joined; returns the last rank to join. On a timeout the rank stays
+  // joined and a later join() keeps waiting for the same join.
+  int join(const char* call, double timeoutS);
   // Local: asks every rank's engine to stop at the next cycle and waits for
   // this one (bounded by SHOAL_TIMEOUT_S through the collectives' deadlines).
   void shutdown();
@@ -86,6 +91,7 @@ class Engine {
   bool cycle();                                    // true when the runtime stops
   void fullRound(std::vector<Ready>& ready, Clock::time_point now);
   void execute(std::vector<Ready>& ready);
+  void finishJoin();                               // every rank joined: complete this rank's join
   void finish(Request& request, shoal_status_t status, const std::string& error);
   void stopWith(shoal_status_t status, const std::string& text);
 
@@ -111,6 +117,9 @@ class Engine {
   std::unordered_map<std::string, std::shared_ptr<Request>> pendingByName_;
   std::unique_ptr<ResponseCache> cache_;
   std::unique_ptr<StallInspector> stall_;
+  std::unique_ptr<JoinTracker> joins_;
+  bool joinsComplete_ = false;                     // this cycle's full round: every rank joined
+  std::shared_ptr<Request> join_;                  // this rank's pending join (under mutex_)
   std::mutex timelineMutex_;  // opening and closing; spans come from one thread at a time
   bool timelineOpened_ = false;
   std::unique_ptr<Timeline> timeline_;

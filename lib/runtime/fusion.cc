@@ -165,6 +165,8 @@ void runGroup(shoal_comm& comm, Group& group, std::vector<uint8_t>& fusionBuffer
     case OpKind::Allreduce:
       if (group.members.front()->compress) return runCompressedAllreduce(comm, group, timeline);
       return runPlainAllreduce(comm, group, fusionBuffer, timeline);
+    case OpKind::Join:  // completed by the engine once every rank joined, never ready
+      fail(SHOAL_ERR_INTERNAL, "async runtime: a join request reached the collectives");
   }
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 
+#include "runtime/join.h"
+
 namespace shoal::runtime {
 
 std::string cacheKey(const std::string& name, const Metadata& meta) {
@@ -74,9 +76,15 @@ Verdict decide(const std::vector<std::vector<Announcement>>& perRank) {
     size_t firstRank = 0, firstPosition = 0;  // where it first appears: rank-major order
   };
   std::map<std::string, Seen> seen;
+  Verdict verdict;
+  std::vector<bool> joined(ranks, false);
   for (int r = 0; r < ranks; ++r) {
     for (size_t p = 0; p < perRank[r].size(); ++p) {
       const Announcement& a = perRank[r][p];
+      if (a.name == kJoinName) {
+        joined[r] = true;
+        continue;
+      }
       auto [it, inserted] = seen.try_emplace(a.name);
       if (inserted) {
         it->second.byRank.assign(ranks, nullptr);
@@ -93,33 +101,51 @@ Verdict decide(const std::vector<std::vector<Announcement>>& perRank) {
     return std::tie(a.second->firstRank, a.second->firstPosition) < std::tie(b.second->firstRank, b.second->firstPosition);
   });
 
-  Verdict verdict;
+  for (int r = 0; r < ranks; ++r)
+    if (joined[r]) verdict.joined.push_back(r);
+  verdict.allJoined = ranks > 0 && static_cast<int>(verdict.joined.size()) == ranks;
+
   for (const auto& [name, s] : ordered) {
     Partial partial;
     partial.name = name;
+    std::vector<int> standingIn;  // joined ranks that did not submit it
     for (int r = 0; r < ranks; ++r) {
       if (s->byRank[r] != nullptr) {
         partial.submitted.push_back(r);
         partial.ageS = std::max(partial.ageS, s->byRank[r]->ageS);
+      } else if (joined[r]) {
+        standingIn.push_back(r);
       } else {
         partial.missing.push_back(r);
       }
     }
-    const Announcement& reference = *s->byRank[partial.submitted.front()];
+    const int first = partial.submitted.front();
+    const Announcement& reference = *s->byRank[first];
     if (!partial.missing.empty()) {
       partial.meta = reference.meta;
       verdict.partial.push_back(std::move(partial));
       continue;
     }
     std::string disagreement;
-    for (int r = 1; r < ranks && disagreement.empty(); ++r) {
+    for (int r : partial.submitted) {
       if (s->byRank[r]->meta == reference.meta) continue;
-      disagreement = fmt::format("rank 0 submitted {}, rank {} submitted {} (they differ in {})",
+      disagreement = fmt::format("rank {} submitted {}, rank {} submitted {} (they differ in {})", first,
                                  reference.meta.describe(), r, s->byRank[r]->meta.describe(),
                                  differences(reference.meta, s->byRank[r]->meta));
+      break;
     }
-    if (disagreement.empty()) {
+    const std::string refusal = standingIn.empty() || !disagreement.empty() ? std::string()
+                                                                           : whyNoStandIn(reference.meta);
+    if (!refusal.empty()) {
+      verdict.joinErrors.push_back(
+          {name, fmt::format("{}: rank(s) {} called shoal_join (they ran out of data) and {}; finish every such "
+                             "collective before any rank joins, or join only after the last one",
+                             name == kBlockingName ? fmt::format("blocking call {}", reference.meta.call)
+                                                   : fmt::format("tensor '{}'", name),
+                             fmt::join(standingIn, ", "), refusal)});
+    } else if (disagreement.empty()) {
       verdict.ready.push_back(name);
+      if (!standingIn.empty()) verdict.standIn.emplace(name, reference.meta);
     } else {
       std::string what = name == kBlockingName ? std::string("a blocking call") : fmt::format("tensor '{}'", name);
       verdict.errors.push_back(

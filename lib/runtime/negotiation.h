@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -79,6 +80,13 @@ struct Verdict {
   std::vector<std::string> ready;                            // submitted everywhere, consistent: run in this order
   std::vector<std::pair<std::string, std::string>> errors;   // submitted everywhere but inconsistent: name, text
   std::vector<Partial> partial;
+  // Join (runtime/join.h). A name is ready once every rank submitted it or has
+  // joined; joined ranks that did not submit it stand in with the metadata in
+  // standIn. Names they cannot stand in for fail on the submitters (joinErrors).
+  std::vector<int> joined;                                   // ranks with a pending shoal_join
+  bool allJoined = false;                                    // every rank: the joins complete
+  std::map<std::string, Metadata> standIn;                   // ready names some joined rank lacks
+  std::vector<std::pair<std::string, std::string>> joinErrors;  // name, text
 };
 
 // The decision of a full round from every rank's announcements (index = rank).

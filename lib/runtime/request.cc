@@ -15,6 +15,7 @@ const char* opKindName(OpKind kind) {
     case OpKind::Allgather: return "allgather";
     case OpKind::Broadcast: return "broadcast";
     case OpKind::Blocking: return "blocking call";
+    case OpKind::Join: return "join";
   }
   return "invalid";
 }

@@ -14,12 +14,14 @@
 
 namespace shoal::runtime {
 
-enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3 };
+enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3, Join = 4 };
 const char* opKindName(OpKind kind);
 
 // The name under which blocking calls travel through the engine once it runs
 // (one at a time per rank, so one name suffices and stays cached).
 inline constexpr const char* kBlockingName = "__shoal_blocking_call";
+// The name of a rank's shoal_join (one at a time per rank); see runtime/join.h.
+inline constexpr const char* kJoinName = "__shoal_join";
 
 // What every rank must submit identically for one name. Compressor settings
 // are resolved from the environment at submission.
@@ -61,6 +63,11 @@ struct Request {
   shoal_tensor_t output{};
   std::function<void()> body;    // blocking calls: the call itself, run on the engine thread
   Clock::time_point submitted = Clock::now();
+  // A joined rank's stand-in for an allreduce it never submitted: its input
+  // and output are standInBuffer (the op's identity); no submitter waits on it.
+  bool standIn = false;
+  std::vector<uint8_t> standInBuffer;
+  int lastJoined = -1;           // join: the last rank to join, set before completing
 
   // Queued -> Running; false when the submitter gave up (Cancelled).
   bool tryStart();

@@ -27,11 +27,16 @@ class StallInspector {
   // Logs the stalled names on rank 0 (at most once per check period per name).
   // Returns the error text when the stall must stop the runtime on every rank.
   std::optional<std::string> inspect(const std::vector<Partial>& partial);
+  // The status of the last stop inspect() returned: SHOAL_ERR_MISMATCH when
+  // the stalled ranks wait for each other's different calls (each side
+  // submitted a name the other did not), else SHOAL_ERR_TIMEOUT.
+  shoal_status_t fatalStatus() const { return fatalStatus_; }
 
  private:
   StallSettings settings_;
   int rank_;
-  std::map<std::string, double> warnedAtAge_;  // rank 0: the age at which a name was last reported
+  std::map<std::string, double> warnedAtAge_;
+  shoal_status_t fatalStatus_ = SHOAL_ERR_TIMEOUT;  // rank 0: the age at which a name was last reported
 };
 
 // "'a' (missing ranks 1, 3; submitted by 0, 2; waiting 61.0 s), ..." for at most `limit` names.

@@ -21,7 +21,10 @@ namespace shoal::runtime {
 class Timeline {
  public:
   // Throws Error(SHOAL_ERR_SYSTEM) naming the path when it cannot be written.
+  // While another communicator of this process writes `path`, this one writes
+  // `path` with ".1" (".2", ...) before a ".json" ending (or after the path).
   explicit Timeline(const std::string& path);
+  const std::string& path() const { return path_; }
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
@@ -35,6 +38,7 @@ class Timeline {
   int rowOf(const std::string& tensor);
   void event(const std::string& json);
 
+  std::string path_;
   std::FILE* file_ = nullptr;
   Clock::time_point origin_;
   std::unordered_map<std::string, int> rows_;

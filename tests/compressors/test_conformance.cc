@@ -73,6 +73,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/config.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
@@ -232,13 +233,13 @@ shoal_tensor_t tensorOf(void* data, size_t count, const DType& t) {
 // ---- the registry -------------------------------------------------------------------
 
 TEST(ConformanceRegistry, RequiredCompressorsAreRegistered) {
-  const char* required = std::getenv("SHOAL_CONFORMANCE_REQUIRE");
+  const std::string required = shoal::config::getString("SHOAL_CONFORMANCE_REQUIRE");
   std::vector<std::string> names = registeredCompressors();
   std::string listed;
   for (const std::string& name : names) listed += (listed.empty() ? "" : ", ") + name;
   std::string refused;
   for (const std::string& refusal : shoal::plugin::Registry::current().refusals()) refused += "; refused " + refusal;
-  if (required == nullptr || required[0] == '\0') GTEST_SKIP() << "SHOAL_CONFORMANCE_REQUIRE is unset; registered: " << listed;
+  if (required.empty()) GTEST_SKIP() << "SHOAL_CONFORMANCE_REQUIRE is unset; registered: " << listed;
   std::string text = required;
   std::replace(text.begin(), text.end(), ',', ' ');
   std::istringstream words(text);

@@ -29,7 +29,7 @@ __version__ = "%d.%d.%d" % (version_code // 10000, version_code // 100 % 100, ve
 __all__ = [
     "Communicator", "Request", "ShoalError", "LowRankPlan", "init", "finalize", "is_initialized", "communicator",
     "rank", "size", "local_rank", "local_size", "allreduce", "allgather", "allgatherv", "broadcast",
-    "reduce_scatter", "barrier", "iallreduce", "iallgather", "ibroadcast", "wait_all", "fused_allreduce",
+    "reduce_scatter", "barrier", "join", "iallreduce", "iallgather", "ibroadcast", "wait_all", "fused_allreduce",
     "last_compress_stats", "async_stats", "compressors", "config_text", "factorize", "rank_for", "library_path",
     "version_code", "__version__",
 ]
@@ -107,6 +107,10 @@ def reduce_scatter(x, op="sum", out=None):
 
 def barrier():
     communicator().barrier()
+
+
+def join(timeout_s=None):
+    return communicator().join(timeout_s)
 
 
 def fused_allreduce(tensors, op="avg"):

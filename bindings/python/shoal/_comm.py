@@ -351,6 +351,14 @@ class Communicator:
     def barrier(self):
         self._check(lib.shoal_barrier(self.handle))
 
+    def join(self, timeout_s=None):
+        """Horovod's join: until every rank joined, this rank stands in with zeros for the others' named
+        allreduces. Returns the rank that joined last. timeout_s None: SHOAL_TIMEOUT_S; after a timeout
+        this rank stays joined and join() again keeps waiting."""
+        last = ctypes.c_int(-1)
+        self._check(lib.shoal_join(self.handle, _timeout(timeout_s), ctypes.byref(last)))
+        return last.value
+
     def fused_allreduce(self, tensors, op="avg"):
         """In place: every tensor reduced in ONE uncompressed collective (Pufferfish's factor gradients)."""
         code = parse_op(op)

@@ -73,6 +73,7 @@ DECLARATIONS = {
     "shoal_request_error": (_str, [_p]),
     "shoal_request_free": (_s, [_p]),
     "shoal_async_stats": (_s, [_p, P(T.AsyncStats)]),
+    "shoal_join": (_s, [_p, ctypes.c_double, P(_i)]),
     # low rank (lowrank.h)
     "shoal_lowrank_plan_create": (_s, [P(T.LowrankMatrix), _i, P(T.LowrankConfig), P(_p)]),
     "shoal_lowrank_plan_destroy": (None, [_p]),

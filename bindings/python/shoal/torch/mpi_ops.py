@@ -8,7 +8,6 @@ the tensors of a handle stay alive until synchronize().
 """
 import itertools
 import threading
-import time
 
 import torch
 
@@ -491,13 +490,14 @@ def barrier(process_set=None):
         _raise(error)
 
 
-def join(device=-1):
-    """Waits for every rank and returns the rank that arrived last (by each rank's wall clock at
-    arrival). Unlike Horovod's join, ranks that joined do not stand in with zeros for other ranks'
-    allreduces: every rank must run the same collectives."""
-    arrival = torch.tensor([time.time()], dtype=torch.float64)
+def join(device=-1, timeout_s=None):
+    """Horovod's join, for uneven data: a rank that ran out of batches calls join() and, until every
+    rank has joined, keeps taking part in the other ranks' named allreduces with zeros (Average still
+    divides by size()). Returns the rank that joined last. Allgather and broadcast submitted while a
+    rank has joined fail, as in Horovod. device is accepted for Horovod's signature (shoal's runtime
+    runs on the host). timeout_s (shoal's addition): None = SHOAL_TIMEOUT_S; after a timeout the rank
+    stays joined and join() again keeps waiting."""
     try:
-        times = _comm().allgather(arrival)
+        return _comm().join(timeout_s)
     except ShoalError as error:
         _raise(error)
-    return int(torch.argmax(times))
