@@ -117,6 +117,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
     storeOptions.token = config::getString("SHOAL_TOKEN");
   }
   comm->store = makeStore(storeOptions);
+  comm->storeOptions = storeOptions;
 
   TransportOptions transportOptions;
   transportOptions.rank = comm->rank;
@@ -131,6 +132,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
       fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_SPIN_ROUNDS must be auto or >= 0, not {}", spinRounds);
     transportOptions.spinRounds = static_cast<int>(std::min<long long>(spinRounds, 1 << 30));
   }
+  comm->spinRounds = transportOptions.spinRounds;
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator

@@ -32,6 +32,9 @@ struct shoal_comm {
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
+  shoal::StoreOptions storeOptions;  // how this rank reached the store: a split reconnects with them (api/split.cc)
+  int spinRounds = -1;               // the transport's, for a split's transport
+  uint64_t splits = 0;               // splits so far: each child's store keys live under "<keyPrefix>split<n>/"
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (api/cuda_route.cc)
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
