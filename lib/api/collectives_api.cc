@@ -10,6 +10,7 @@
 #include "aggregate/client.h"
 #include "api/comm.h"
 #include "api/cuda_route.h"
+#include "api/hosts.h"
 #include "api/run.h"
 #include "plugin/driver.h"
 #include "collectives/collectives.h"
@@ -96,8 +97,7 @@ namespace shoal {
 
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
-  const AllreduceAlgorithm& algorithm =
-      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+  const AllreduceAlgorithm& algorithm = chooseAllreduce(comm, count * dtypeSize(dtype));
   plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "api/comm_info.h"
+#include "api/hosts.h"
 #include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -135,6 +136,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   comm->spinRounds = transportOptions.spinRounds;
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
+  learnHosts(*comm);  // the rank-to-host map of the hierarchical allreduce (api/hosts.cc)
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
   comm->engine = std::make_unique<runtime::Engine>(*comm);  // its thread starts with the first async call
   return comm;

@@ -23,6 +23,7 @@
 #include "api/comm.h"
 #include "api/comm_info.h"
 #include "api/export.h"
+#include "api/hosts.h"
 #include "api/run.h"
 #include "collectives/collectives.h"
 #include "core/log.h"
@@ -114,6 +115,7 @@ std::unique_ptr<shoal_comm> connectChild(shoal_comm& parent, const std::vector<i
   options.timeoutS = child->timeoutS;
   options.spinRounds = child->spinRounds;
   child->transport = makeUcxTransport(options);
+  inheritHosts(*child, parent, members);
   describeCommunicator(*child, child->storeOptions.url.c_str());
   child->engine = std::make_unique<runtime::Engine>(*child);
   return child;

@@ -5,22 +5,10 @@
 // that differ). Each check reads values the new communicator can only produce
 // when its membership and order are right: an allgather of the parent ranks
 // and an exact integer allreduce.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,12 +16,11 @@
 #include <gtest/gtest.h>
 
 #include "harness/harness.h"
+#include "multiproc/split_job.h"
 #include "shoal/shoal.h"
 
 namespace {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using shoal::test::runRanks;
 
 // The parent ranks of comm's members in comm's rank order, by an allgather.
@@ -221,87 +208,11 @@ TEST(Split, BadArgumentsOnEveryRank) {
   });
 }
 
-// ---- forked ranks over a tcp store -----------------------------------------
+// ---- forked ranks over a tcp store (split_job.h) -------------------------
 
-constexpr double kTimeoutS = 20;
-constexpr double kJobDeadlineS = 60;
-
-struct Outcome {
-  int status = 1;  // 1 = the rank never reported
-  std::string text;
-  double seconds = 0;
-};
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
-
-// Forks n ranks over a fresh tcp store; each runs body and reports its status
-// and text through a file. body returns the status to report; it may _exit.
-std::vector<Outcome> runJob(int n, const std::function<shoal_status_t(int, shoal_comm_t, std::string&)>& body) {
-  std::string pattern = (fs::temp_directory_path() / "shoal_split_XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) return {};
-  const fs::path dir = pattern;
-  const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
-  std::random_device device;
-  const std::string token = std::to_string(device()) + std::to_string(device());
-  const auto start = Clock::now();
-  std::vector<pid_t> pids(n, -1);
-  for (int rank = 0; rank < n; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      shoal_config_t config = SHOAL_CONFIG_INIT;
-      config.rank = rank;
-      config.world_size = n;
-      config.store = store.c_str();
-      config.token = token.c_str();
-      config.timeout_s = kTimeoutS;
-      shoal_comm_t comm = nullptr;
-      shoal_status_t status = shoal_comm_init_config(&config, &comm);
-      std::string text;
-      if (status == SHOAL_OK) status = body(rank, comm, text);
-      else text = std::string("init: ") + shoal_last_error(nullptr);
-      double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      std::ofstream(dir / std::to_string(rank)) << static_cast<int>(status) << "\n" << seconds << "\n" << text;
-      if (comm) shoal_comm_destroy(comm);
-      _exit(0);
-    }
-    pids[rank] = pid;
-  }
-  for (int rank = 0; rank < n; ++rank) {
-    for (;;) {
-      int wstatus = 0;
-      if (waitpid(pids[rank], &wstatus, WNOHANG) == pids[rank]) break;
-      if (Clock::now() - start > std::chrono::duration<double>(kJobDeadlineS)) {
-        kill(pids[rank], SIGKILL);
-        waitpid(pids[rank], &wstatus, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  std::vector<Outcome> outcomes(n);
-  for (int rank = 0; rank < n; ++rank) {
-    std::ifstream in(dir / std::to_string(rank));
-    if (!(in >> outcomes[rank].status >> outcomes[rank].seconds)) continue;
-    std::stringstream rest;
-    rest << in.rdbuf();
-    outcomes[rank].text = rest.str();
-  }
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);
-  return outcomes;
-}
+using shoal::test::Outcome;
+using shoal::test::runJob;
+using shoal::test::kTimeoutS;
 
 // A split over processes: the child's store is the parent's tcp store, served
 // by parent rank 0, which is in only one of the groups and destroys its parent
