@@ -27,6 +27,7 @@
 #include "api/run.h"
 #include "collectives/collectives.h"
 #include "core/log.h"
+#include "runtime/blocking.h"
 
 namespace shoal {
 namespace {
@@ -127,24 +128,29 @@ std::unique_ptr<shoal_comm> connectChild(shoal_comm& parent, const std::vector<i
 shoal_comm_t split(shoal_comm_t comm, const char* call, int color, int key, uint64_t listHash,
                    const std::string& listError = {}) {
   shoal_comm& parent = usableComm(comm, call);
-  CallSignature signature;
-  signature.kind = CallKind::Split;
-  CallScope scope(parent, signature);
-  // Two numbered steps. The exchange; then checks that every rank makes on
-  // the same table, so a refusal (a differing list, a bad color) is the same
-  // on every rank and leaves the parent usable; then the wiring, where any
-  // failure aborts the parent so that every rank, in every group, fails.
-  std::vector<SplitEntry> entries;
-  runCollective(parent, parent.sequence++,
-                [&](Context& context) { entries = exchangeEntries(parent, context, SplitEntry{color, key, listHash}); });
-  checkEntries(entries, call);
-  if (!listError.empty()) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}", call, listError);
-  const uint64_t splitIndex = parent.splits++;
   std::unique_ptr<shoal_comm> child;
-  runCollective(parent, parent.sequence++, [&](Context& context) {
-    if (color != SHOAL_SPLIT_UNDEFINED) child = connectChild(parent, groupOf(entries, color), color, splitIndex);
-    // Every rank got this far: none died or failed while its group wired up.
-    barrierDissemination(context);
+  // Once the parent's async runtime runs, its engine thread issues every
+  // collective, in negotiated order (runtime/blocking.h): the split too.
+  runtime::blockingCall(parent, call, [&] {
+    CallSignature signature;
+    signature.kind = CallKind::Split;
+    CallScope scope(parent, signature);
+    // Two numbered steps. The exchange; then checks that every rank makes on
+    // the same table, so a refusal (a differing list, a bad color) is the same
+    // on every rank and leaves the parent usable; then the wiring, where any
+    // failure aborts the parent so that every rank, in every group, fails.
+    std::vector<SplitEntry> entries;
+    runCollective(parent, parent.sequence++, [&](Context& context) {
+      entries = exchangeEntries(parent, context, SplitEntry{color, key, listHash});
+    });
+    checkEntries(entries, call);
+    if (!listError.empty()) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}", call, listError);
+    const uint64_t splitIndex = parent.splits++;
+    runCollective(parent, parent.sequence++, [&](Context& context) {
+      if (color != SHOAL_SPLIT_UNDEFINED) child = connectChild(parent, groupOf(entries, color), color, splitIndex);
+      // Every rank got this far: none died or failed while its group wired up.
+      barrierDissemination(context);
+    });
   });
   if (child)
     SHOAL_LOG_INFO("rank {}: {} made communicator {} (rank {} of {})", parent.rank, call, child->keyPrefix,

@@ -189,6 +189,31 @@ TEST(Split, ParentAndChildInterleaved) {
   });
 }
 
+// Once the parent's async runtime runs, the split goes through its engine
+// (runtime/blocking.h) like any blocking call, between async requests.
+TEST(Split, AfterAsyncCallsOnTheParent) {
+  runRanks(3, [](int rank, shoal_comm_t comm) {
+    std::vector<int64_t> data(64, rank + 1);
+    shoal_tensor_t tensor = shoal_tensor_1d(data.data(), data.size(), SHOAL_I64);
+    shoal_request_t request = nullptr;
+    ASSERT_EQ(shoal_iallreduce(comm, "before", &tensor, &tensor, SHOAL_SUM, nullptr, &request), SHOAL_OK)
+        << shoal_last_error(comm);
+    ASSERT_EQ(shoal_wait(request, 30), SHOAL_OK) << shoal_last_error(comm);
+    shoal_request_free(request);
+    EXPECT_EQ(data[0], 6);
+    shoal_comm_t child = nullptr;
+    ASSERT_EQ(shoal_comm_split(comm, rank == 0 ? 0 : 1, 0, &child), SHOAL_OK) << shoal_last_error(comm);
+    ASSERT_NE(child, nullptr);
+    std::vector<int64_t> expected = rank == 0 ? std::vector<int64_t>{0} : std::vector<int64_t>{1, 2};
+    expectGroupSum(child, rank, expected);
+    ASSERT_EQ(shoal_iallreduce(comm, "after", &tensor, &tensor, SHOAL_SUM, nullptr, &request), SHOAL_OK);
+    ASSERT_EQ(shoal_wait(request, 30), SHOAL_OK) << shoal_last_error(comm);
+    shoal_request_free(request);
+    EXPECT_EQ(data[0], 18);
+    shoal_comm_destroy(child);
+  });
+}
+
 TEST(Split, BadArgumentsOnEveryRank) {
   runRanks(3, [](int rank, shoal_comm_t comm) {
     shoal_comm_t child = nullptr;
