@@ -40,6 +40,13 @@ for ((i = 1; i <= repeats; i++)); do
       { echo "hierarchical.sh: $algo run $i failed:" >&2; cat "$out/$algo.$i.log" >&2; exit 1; }
   done
 done
+# The bytes on the host links for one call of each (out-of-place and in-place: 2 calls), which
+# do not depend on how busy the machine's CPUs are.
+for algo in ring hierarchical; do
+  "$here/wire.sh" --name "$name" "$out/$algo.wire.json" -- "$here/run.sh" --name "$name" --ranks-per-host "$per_host" \
+    --timeout-s 300 "$bench" allreduce -b "$size" -e "$size" -n 1 -w 0 -c 0 --algo "$algo" > "$out/$algo.wire.log" 2>&1 ||
+    { echo "hierarchical.sh: $algo wire run failed:" >&2; cat "$out/$algo.wire.log" >&2; exit 1; }
+done
 python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "$size" <<'PY'
 import json, statistics, sys
 out, repeats, hosts, per_host, rate, size = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
@@ -54,4 +61,11 @@ for algo in ("ring", "hierarchical"):
     print("%-12s runs %s s, median %.3f s" % (algo, ", ".join("%.3f" % t for t in times), medians[algo]))
 print("%s hosts x %s ranks at %s, %s allreduce (float sum): hierarchical is %.2fx the flat ring" % (
     hosts, per_host, rate, size, medians["ring"] / medians["hierarchical"]))
+sent = {}
+for algo in ("ring", "hierarchical"):
+    with open("%s/%s.wire.json" % (out, algo)) as f:
+        wire = json.load(f)
+    sent[algo] = [h["tx_bytes"] for h in wire["hosts"]]
+    print("%-12s bytes sent per host link for 2 calls: %s MiB" % (algo, ", ".join("%.1f" % (b / 2**20) for b in sent[algo])))
+print("host-link bytes, flat ring / hierarchical: %.2f" % (max(sent["ring"]) / max(sent["hierarchical"])))
 PY
