@@ -28,6 +28,8 @@ void allreduceRing(Context& context, void* recv, size_t count, const Reducer& re
 void allreduceRingOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer);
 void allreduceTree(Context& context, void* recv, size_t count, const Reducer& reducer);
 void allreduceRecursiveDoubling(Context& context, void* recv, size_t count, const Reducer& reducer);
+// Inside hosts, then across, then inside again (context.hosts); the ring where the layout is not regular.
+void allreduceHierarchical(Context& context, void* recv, size_t count, const Reducer& reducer);
 
 struct AllreduceAlgorithm {
   const char* name;

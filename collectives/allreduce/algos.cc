@@ -11,6 +11,8 @@ const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
       {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
       {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
        allreduceRecursiveDoubling},
+      {"hierarchical", "reduce-scatter inside each host, ring across hosts per shard, allgather inside; for >= 2 hosts with "
+       "the same number (>= 2) of ranks on each, else the ring", allreduceHierarchical},
   };
   return table;
 }

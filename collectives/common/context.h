@@ -12,6 +12,8 @@
 
 namespace shoal {
 
+struct HostLayout;  // collectives/common/host_layout.h
+
 // Tags (transport.h): the call's signature, its sequence number (wrapping: a
 // call finishes all its messages before the next starts) and a sub-tag that
 // the algorithm hands out per step and segment.
@@ -44,6 +46,7 @@ struct Context {
   size_t segmentBytes;  // pipelining unit of ring and chain algorithms
   Scratch& scratch;
   uint64_t nextSubTag = 0;
+  const HostLayout* hosts = nullptr;  // set by the communicator; the hierarchical allreduce needs it
 
   // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.

@@ -126,6 +126,27 @@ shoal_status_t shoal_comm_destroy(shoal_comm_t comm);
 shoal_status_t shoal_comm_rank(shoal_comm_t comm, int *rank);
 shoal_status_t shoal_comm_size(shoal_comm_t comm, int *size);
 
+/* ---- sub-communicators ------------------------------------------------- */
+
+/* The color that leaves a rank out of every new communicator (NCCL_SPLIT_NOCOLOR). */
+#define SHOAL_SPLIT_UNDEFINED (-1)
+
+/* Collective over every rank of comm (MPI_Comm_split, ncclCommSplit): ranks
+ * that pass the same color >= 0 form a new communicator, ranked by (key,
+ * rank in comm); a rank passing SHOAL_SPLIT_UNDEFINED gets *newcomm = NULL.
+ * The new communicator has its own connections and store keys, keeps comm's
+ * algorithm, timeout and segment settings, and lives independently of comm:
+ * both may be used (one call at a time each) and destroyed in any order.
+ * A rank that fails during the split (dies, times out) fails it on every
+ * rank, and comm with it. docs/groups.md. */
+shoal_status_t shoal_comm_split(shoal_comm_t comm, int color, int key, shoal_comm_t *newcomm);
+/* Collective over every rank of comm (torch's new_group, Horovod's process
+ * sets): the n distinct ranks of comm listed in `ranks` form a new
+ * communicator, ranked in list order; ranks not listed get *newcomm = NULL.
+ * Every rank must pass the same list, else every rank fails with
+ * SHOAL_ERR_MISMATCH. */
+shoal_status_t shoal_comm_create_group(shoal_comm_t comm, const int *ranks, int n, shoal_comm_t *newcomm);
+
 /* Text of the last error on comm; comm == NULL gives the calling thread's
  * last error (e.g. from a failed init). Never NULL; "" when none. */
 const char *shoal_last_error(shoal_comm_t comm);

@@ -7,6 +7,7 @@
 #include "api/checks.h"
 #include "api/enter.h"
 #include "api/export.h"
+#include "comm/hosts.h"
 #include "collectives/collectives.h"
 #include "comm/agree.h"
 #include "comm/call.h"

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "api/attach.h"
 #include "api/export.h"
 #include "api/guard.h"
 #include "comm/communicator.h"
@@ -30,8 +31,7 @@ SHOAL_EXPORT shoal_status_t shoal_comm_init_config(const shoal_config_t* config,
       resolved.struct_size = sizeof(shoal_config_t);
     }
     std::unique_ptr<shoal_comm> made = shoal::createComm(resolved);
-    made->compressors.reset(new shoal::plugin::CompressorCache);
-    made->engine.reset(new shoal::runtime::Engine(*made));  // its thread starts with the first async call
+    shoal::attachUpperLayers(*made);
     *comm = made.release();
   });
 }

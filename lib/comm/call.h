@@ -21,6 +21,7 @@ template <typename Body>
 void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
   Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
                   currentCallWord(comm));
+  context.hosts = comm.hosts.get();
   try {
     body(context);
     comm.transport->checkNotAborted();

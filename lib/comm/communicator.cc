@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "comm/describe.h"
+#include "comm/hosts.h"
 #include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -106,6 +107,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
     storeOptions.token = config::getString("SHOAL_TOKEN");
   }
   comm->store = makeStore(storeOptions);
+  comm->storeOptions = storeOptions;
 
   TransportOptions transportOptions;
   transportOptions.rank = comm->rank;
@@ -120,8 +122,10 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
       fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_SPIN_ROUNDS must be auto or >= 0, not {}", spinRounds);
     transportOptions.spinRounds = static_cast<int>(std::min<long long>(spinRounds, 1 << 30));
   }
+  comm->spinRounds = transportOptions.spinRounds;
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
+  learnHosts(*comm);  // the rank-to-host map of the hierarchical allreduce (comm/hosts.cc)
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
   return comm;
 }

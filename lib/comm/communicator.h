@@ -54,6 +54,11 @@ struct shoal_comm {
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
+  shoal::StoreOptions storeOptions;  // how this rank reached the store: a split reconnects with them (api/split.cc)
+  int spinRounds = -1;               // the transport's, for a split's transport
+  uint64_t splits = 0;               // splits so far: each child's store keys live under "<keyPrefix>split<n>/"
+  std::shared_ptr<const shoal::HostLayout> hosts;  // which ranks share a host (comm/hosts.cc)
+  size_t hierMinBytes = 0;                         // SHOAL_HIER_MIN_BYTES
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (gpu/route.cc)
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id

@@ -5,6 +5,7 @@
 
 #include "aggregate/client.h"
 #include "comm/call.h"
+#include "comm/hosts.h"
 #include "core/config.h"
 #include "core/log.h"
 
@@ -12,8 +13,7 @@ namespace shoal {
 
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
-  const AllreduceAlgorithm& algorithm =
-      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+  const AllreduceAlgorithm& algorithm = chooseAllreduce(comm, count * dtypeSize(dtype));
   plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
 }
 

@@ -6,6 +6,7 @@
 #include "gpu/route.h"
 #include "comm/call.h"
 #include "comm/host_ops.h"
+#include "comm/hosts.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "plugin/registry.h"
@@ -335,7 +336,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // signature (comm/agree.h): a rank that compresses where another does not
   // fails with MISMATCH at the first message.
   const AllreduceAlgorithm* plain =
-      compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
+      compress || route.cuda ? nullptr : &chooseAllreduce(comm, bytes);
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {

@@ -213,6 +213,47 @@ class Communicator:
         self.local_rank = self.rank if local_rank is None else local_rank
         self.local_size = self.size if local_size is None else local_size
 
+    # ---- sub-communicators (docs/groups.md) --------------------------------
+    @classmethod
+    def _adopt(cls, handle, parent):
+        """A Communicator around a handle that shoal_comm_split/create_group made."""
+        comm = cls.__new__(cls)
+        comm._strings = parent._strings
+        comm._handle = handle
+        value = ctypes.c_int()
+        check(lib.shoal_comm_rank(handle, ctypes.byref(value)), handle)
+        comm.rank = value.value
+        check(lib.shoal_comm_size(handle, ctypes.byref(value)), handle)
+        comm.size = value.value
+        # The launcher's local rank and size describe the job, not the group.
+        comm.local_rank, comm.local_size = comm.rank, comm.size
+        return comm
+
+    def split(self, color, key=0):
+        """Collective over every rank of this communicator (MPI_Comm_split): ranks passing the
+        same color >= 0 form a new Communicator, ranked by (key, rank here). color None (or
+        SPLIT_UNDEFINED, -1) leaves this rank out: it gets None."""
+        for what, value in (("color", color), ("key", key)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError("shoal: split %s must be an int, got %r" % (what, value))
+        handle = ctypes.c_void_p()
+        check(lib.shoal_comm_split(self.handle, -1 if color is None else color, key or 0, ctypes.byref(handle)),
+              self.handle)
+        return Communicator._adopt(handle, self) if handle.value else None
+
+    def create_group(self, ranks):
+        """Collective over every rank of this communicator (torch's new_group): the listed ranks
+        form a new Communicator, ranked in list order; the others get None. Every rank must pass
+        the same list (else ShoalError SHOAL_ERR_MISMATCH on every rank)."""
+        ranks = list(ranks)
+        for r in ranks:
+            if not isinstance(r, int) or isinstance(r, bool):
+                raise TypeError("shoal: create_group ranks must be ints, got %r" % (r,))
+        array = (ctypes.c_int * max(len(ranks), 1))(*ranks)
+        handle = ctypes.c_void_p()
+        check(lib.shoal_comm_create_group(self.handle, array, len(ranks), ctypes.byref(handle)), self.handle)
+        return Communicator._adopt(handle, self) if handle.value else None
+
     # ---- life cycle -------------------------------------------------------
     @property
     def handle(self):

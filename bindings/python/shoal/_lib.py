@@ -34,6 +34,8 @@ DECLARATIONS = {
     "shoal_comm_destroy": (_s, [_p]),
     "shoal_comm_rank": (_s, [_p, P(_i)]),
     "shoal_comm_size": (_s, [_p, P(_i)]),
+    "shoal_comm_split": (_s, [_p, _i, _i, P(_p)]),
+    "shoal_comm_create_group": (_s, [_p, P(_i), _i, P(_p)]),
     "shoal_last_error": (_str, [_p]),
     "shoal_status_string": (_str, [_i]),
     # blocking collectives

@@ -10,7 +10,8 @@ Same names, signatures, defaults and semantics as Horovod's, over shoal's async
 runtime; docs/python.md lists what differs and why (alltoall, Adasum, process sets).
 """
 from .compression import Compression, Compressor
-from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allgather, allgather_async,
+from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set,
+                      allgather, allgather_async, global_process_set, remove_process_set,
                       allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
                       broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
                       cuda_built, ddl_built, gloo_built, gloo_enabled, grouped_allreduce, grouped_allreduce_,

@@ -34,16 +34,102 @@ def _comm():
     return shoal.communicator()
 
 
+# ---- process sets (Horovod's hvd.ProcessSet; docs/groups.md) ------------------------------------------------
+class ProcessSet:
+    """A subset of the ranks (global ranks, kept sorted, as in Horovod). Registered by add_process_set
+    (or init(process_sets=...)), collectively on every rank; then process_set= of allreduce, allgather,
+    broadcast and reducescatter runs the operation over those ranks only, on a shoal communicator
+    of their own."""
+
+    def __init__(self, ranks):
+        ranks = sorted(set(int(r) for r in ranks))
+        if not ranks:
+            raise ValueError("ProcessSet: list at least one rank")
+        self.ranks = ranks
+        self.process_set_id = None
+        self._comm = None
+
+    def _communicator(self):
+        if self.process_set_id is None:
+            raise ValueError("process set %s was not registered: call hvd.add_process_set() on every rank" %
+                             (self.ranks,))
+        comm = _comm() if self.process_set_id == 0 else self._comm
+        if comm is None:
+            raise ValueError("this rank (%d) is not in process set %d %s" % (rank(), self.process_set_id,
+                                                                              self.ranks))
+        return comm
+
+    def included(self):
+        return self.process_set_id == 0 or self._comm is not None
+
+    def rank(self):
+        return self._communicator().rank
+
+    def size(self):
+        return self._communicator().size
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
+
+
+global_process_set = ProcessSet([0])  # ranks filled in by init()
+global_process_set.process_set_id = 0
+_process_sets = {}
+_next_process_set_id = itertools.count(1)
+
+
+def add_process_set(process_set):
+    """Registers a ProcessSet (or a list of ranks): collective, every rank in the same order.
+    Returns the registered ProcessSet."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError("process set %s is already registered (id %d)" % (process_set.ranks,
+                                                                              process_set.process_set_id))
+    try:
+        process_set._comm = _comm().create_group(process_set.ranks)
+    except ShoalError as error:
+        _raise(error)
+    process_set.process_set_id = next(_next_process_set_id)
+    _process_sets[process_set.process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Unregisters it and frees its communicator (local; every rank should do it)."""
+    if process_set.process_set_id in (None, 0):
+        return False
+    _process_sets.pop(process_set.process_set_id, None)
+    if process_set._comm is not None:
+        process_set._comm.finalize()
+    process_set._comm = None
+    process_set.process_set_id = None
+    return True
+
+
+def _comm_of(process_set):
+    if process_set is None or process_set is global_process_set:
+        return _comm()
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError("process_set must be a hvd.ProcessSet, got %s" % type(process_set).__name__)
+    return process_set._communicator()
+
+
 def init(comm=None, process_sets=None):
-    """Starts shoal from the launcher's environment (shoalrun, mpirun, srun). comm and
-    process_sets (Horovod's MPI communicator and process sets) are not supported."""
-    if comm is not None or process_sets is not None:
-        raise NotImplementedError("shoal.torch.init: comm= and process_sets= (MPI communicators, process sets) "
-                                  "are not supported by shoal; launch every rank and call init()")
+    """Starts shoal from the launcher's environment (shoalrun, mpirun, srun) and registers
+    process_sets (ProcessSet objects or rank lists). comm= (an MPI communicator) is not supported."""
+    if comm is not None:
+        raise NotImplementedError("shoal.torch.init: comm= (an MPI communicator) is not supported by shoal; launch "
+                                  "every rank, call init(), and use process_sets= for subsets")
     shoal.init()
+    global_process_set.ranks = list(range(_comm().size))
+    for process_set in process_sets or []:
+        add_process_set(process_set)
 
 
 def shutdown():
+    for process_set in list(_process_sets.values()):
+        remove_process_set(process_set)
     shoal.finalize()
     _handle_map.clear()
 
@@ -204,8 +290,9 @@ def _raise(error):
 
 
 # ---- allreduce -------------------------------------------------------------------------------------------
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression, process_set=None):
     _check_tensor(tensor)
+    comm = _comm_of(process_set)
     name = _auto_name("allreduce", name)
     if output is not tensor:
         output.copy_(tensor)
@@ -219,7 +306,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
             _scale(result, postscale_factor)
             return result
     try:
-        request = _comm().iallreduce(output, name, out=output, op=_OPS[op], compressor=compressor,
+        request = comm.iallreduce(output, name, out=output, op=_OPS[op], compressor=compressor,
                                      compressor_options=options)
     except ShoalError as error:
         _raise(error)
@@ -231,27 +318,29 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts an out-of-place allreduce (tensor is not modified); returns a handle for poll/synchronize."""
     op = _op(op, average)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None, compression=Compression.none):
     """Starts an in-place allreduce of tensor; returns a handle."""
     op = _op(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, compression)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression, process_set):
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
-                                           compression=compression))
+                                           process_set=process_set, compression=compression))
 
     @staticmethod
     def backward(ctx, grad_output):
         return (allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
-                          postscale_factor=ctx.postscale_factor), None, None, None, None, None)
+                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set),
+                None, None, None, None, None, None)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
@@ -260,22 +349,23 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Differentiable: the gradient is the same allreduce of the output's gradient."""
     op = _op(op, average)
     _check_tensor(tensor)
-    return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
+    return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=None, compression=Compression.none):
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        compression=compression))
+                                        process_set=process_set, compression=compression))
 
 
 # ---- grouped allreduce -----------------------------------------------------------------------------------
-def _grouped(tensors, outputs, name, op, prescale_factor, postscale_factor, compression):
+def _grouped(tensors, outputs, name, op, prescale_factor, postscale_factor, compression, process_set=None):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped allreduce: tensors is empty")
     name = _auto_name("grouped_allreduce", name)
-    handles = [_allreduce_async(t, o, "%s.%d" % (name, i), op, prescale_factor, postscale_factor, compression)
+    handles = [_allreduce_async(t, o, "%s.%d" % (name, i), op, prescale_factor, postscale_factor, compression,
+                                process_set)
                for i, (t, o) in enumerate(zip(tensors, outputs))]
     requests = [_handle_map.pop(h) for h in handles]
 
@@ -288,26 +378,26 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             process_set=None, compression=Compression.none):
     op = _op(op, average)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _grouped(tensors, outputs, name, op, prescale_factor, postscale_factor, compression)
+    return _grouped(tensors, outputs, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=None, compression=Compression.none):
     op = _op(op, average)
     tensors = list(tensors)
-    return _grouped(tensors, tensors, name, op, prescale_factor, postscale_factor, compression)
+    return _grouped(tensors, tensors, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=None):
     return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
-                                               compression=compression))
+                                               process_set=process_set, compression=compression))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=None, compression=Compression.none):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                compression=compression))
+                                                process_set=process_set, compression=compression))
 
 
 # ---- allgather -------------------------------------------------------------------------------------------
@@ -320,7 +410,7 @@ def allgather_async(tensor, name=None, process_set=None):
     tensor = tensor.contiguous()
     if tensor.dim() == 0:
         raise ValueError("allgather: tensor is a scalar; pass a tensor with at least one dimension")
-    comm = _comm()
+    comm = _comm_of(process_set)
     try:
         shape = torch.tensor([tensor.shape[0]] + list(tensor.shape[1:]) + [-1] * (8 - tensor.dim()),
                              dtype=torch.int64)
@@ -338,62 +428,71 @@ def allgather_async(tensor, name=None, process_set=None):
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name))
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_reduced = allreduce(grad_output, op=Average)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        offset = int(dims[:rank()].sum()) if rank() else 0
-        return grad_reduced.narrow(0, offset, ctx.dim), None
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set)
+        me = _comm_of(ctx.process_set).rank
+        offset = int(dims[:me].sum()) if me else 0
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=None):
     _check_tensor(tensor)
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 # ---- broadcast -------------------------------------------------------------------------------------------
-def _broadcast_async(tensor, output, root_rank, name):
+def _broadcast_async(tensor, output, root_rank, name, process_set=None):
     _check_tensor(tensor)
     name = _auto_name("broadcast", name)
+    comm = _comm_of(process_set)
+    if process_set is not None and process_set is not global_process_set:
+        # root_rank is a global rank, as the set's ranks are: its place in the set is its rank there.
+        if root_rank not in process_set.ranks:
+            raise ValueError("broadcast: root_rank %r is not in process set %s" % (root_rank, process_set.ranks))
+        root_rank = process_set.ranks.index(root_rank)
     try:
-        return _new_handle(_comm().ibroadcast(tensor, name, root=root_rank, out=output))
+        return _new_handle(comm.ibroadcast(tensor, name, root=root_rank, out=output))
     except ShoalError as error:
         _raise(error)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
-    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), root_rank, name)
+    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), root_rank, name,
+                            process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    return _broadcast_async(tensor, tensor, root_rank, name)
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_reduced = allreduce(grad_output, op=Average)
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad_reduced = grad_reduced * 0
-        return grad_reduced, None, None
+        return grad_reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     _check_tensor(tensor)
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
@@ -404,7 +503,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
-    comm = _comm()
+    comm = _comm_of(process_set)
     work = tensor.contiguous().clone()
     _scale(work, prescale_factor)
     if work.dim() == 0:
@@ -426,23 +525,24 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, None, prescale_factor, postscale_factor))
+        ctx.process_set = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad_output = grad_output.clone()
         if ctx.op == Sum:
-            grad_output *= size()
+            grad_output *= _comm_of(ctx.process_set).size
         grad_output *= ctx.prescale_factor * ctx.postscale_factor
-        return allgather(grad_output), None, None, None, None
+        return allgather(grad_output, process_set=ctx.process_set), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     _check_tensor(tensor)
-    return _Reducescatter.apply(tensor, name, _op(op), prescale_factor, postscale_factor)
+    return _Reducescatter.apply(tensor, name, _op(op), prescale_factor, postscale_factor, process_set)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -485,7 +585,7 @@ def synchronize(handle):
 
 def barrier(process_set=None):
     try:
-        _comm().barrier()
+        _comm_of(process_set).barrier()
     except ShoalError as error:
         _raise(error)
 
