@@ -190,6 +190,29 @@ shoal_status_t shoal_scatterv(shoal_comm_t comm, const void *sendbuf, const size
                               const size_t *displs, void *recvbuf, size_t recvcount,
                               shoal_dtype_t dtype, int root);
 
+/* Point-to-point with tags 0..SHOAL_TAG_MAX, within the communicator's
+ * deadline. Not collective: only the two ranks call. A send returns once its
+ * receive has the data (both sides fail if count or dtype differ), so two
+ * ranks that exchange must post both directions in one shoal_sendrecv_many.
+ * Messages between two ranks with one tag arrive in the order sent. */
+#define SHOAL_TAG_MAX ((1 << 25) - 1)
+shoal_status_t shoal_send(shoal_comm_t comm, const void *buf, size_t count, shoal_dtype_t dtype,
+                          int peer, int tag);
+shoal_status_t shoal_recv(shoal_comm_t comm, void *buf, size_t count, shoal_dtype_t dtype,
+                          int peer, int tag);
+typedef enum { SHOAL_P2P_SEND = 0, SHOAL_P2P_RECV = 1 } shoal_p2p_kind_t;
+typedef struct {
+  shoal_p2p_kind_t kind;
+  int peer;
+  int tag;
+  void *buf; /* read by a send, written by a receive */
+  size_t count;
+  shoal_dtype_t dtype;
+} shoal_p2p_t;
+/* Posts all n operations at once and completes them all (pipeline stages,
+ * halo exchanges): no order among them can deadlock. */
+shoal_status_t shoal_sendrecv_many(shoal_comm_t comm, const shoal_p2p_t *ops, int n);
+
 /* ---- allreduce with options: compression, names ------------------------- */
 
 /* Per-call options; start from SHOAL_ALLREDUCE_OPTIONS_INIT. */
