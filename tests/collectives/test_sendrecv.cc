@@ -92,6 +92,26 @@ TEST(SendRecv, OrderPerPeerAndTagAndMixedWithCollectives) {
   });
 }
 
+// Collective sequence numbers wrap (2^11 in the tag) with point-to-point calls
+// in between whose user tags equal the collectives' number bits: both kinds
+// keep pairing up and carrying their own values.
+TEST(SendRecv, CollectiveSequenceWrapsAroundPendingTags) {
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    for (int i = 0; i < 2100; ++i) {
+      int32_t value = i + rank, sum = 0;
+      ASSERT_TRUE(callOk(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "allreduce"));
+      ASSERT_EQ(sum, 2 * i + 1) << "call " << i;
+      if (i % 700 == 0) {
+        int32_t out = 1000 + i, in = -1;
+        shoal_p2p_t ops[2] = {{SHOAL_P2P_SEND, 1 - rank, i % 2048, &out, 1, SHOAL_I32},
+                              {SHOAL_P2P_RECV, 1 - rank, i % 2048, &in, 1, SHOAL_I32}};
+        ASSERT_TRUE(callOk(shoal_sendrecv_many(comm, ops, 2), comm, "sendrecv"));
+        ASSERT_EQ(in, 1000 + i);
+      }
+    }
+  });
+}
+
 // ---- errors -----------------------------------------------------------------
 
 constexpr double kTimeoutS = 3;
