@@ -22,9 +22,10 @@ struct CollTest {
   int64_t (*expected)(const Ctx &, size_t k);            // element k of its recv buffer
   shoal_status_t (*runColl)(shoal_comm_t, const void *send, void *recv, const Ctx &);
   double (*busbwFactor)(int nranks);  // algbw uses S = max(send, recv) bytes: the total
+  bool checkedOnRootOnly = false;      // reduce, gather: other ranks' recv is not written
 };
 
-extern const CollTest kCollTests[4];
+extern const CollTest kCollTests[9];
 inline const CollTest &kAllreduce = kCollTests[0];
 inline const CollTest &kAllgather = kCollTests[1];
 

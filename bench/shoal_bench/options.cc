@@ -30,7 +30,7 @@ void usage() {
          "                rank's, 3 the slowest rank's (each rank's mean per iteration) [1]\n"
          "  -d DTYPE      float, double, half, bfloat16, int8, uint8, int32, uint32, int64, uint64 [float]\n"
          "  -o OP         sum, avg, prod, min, max, band, bor, bxor [sum]\n"
-         "  -r ROOT       root rank of broadcast [0]\n"
+         "  -r ROOT       root rank of broadcast, reduce, gather, scatter [0]\n"
          "  -J, --json FILE      rank 0 writes the results as JSON (nccl-tests' -J schema, version 3,\n"
          "                       with shoal's keys added)\n"
          "\nshoal's options:\n"
@@ -49,9 +49,10 @@ void usage() {
          "  --density D          fraction of nonzero inputs, in (0, 1], positions differ per rank [1]\n"
          "  --overlap O          fraction of each rank's nonzeros that all ranks share, in [0, 1] [0]\n"
          "  --list-compressors   list the compressors and exit\n"
-         "\nsize is the total bytes (for allgather and reduce_scatter: count x type size x nranks),\n"
-         "count the elements per call; algbw = size / time, busbw = algbw x 2(n-1)/n (allreduce),\n"
-         "(n-1)/n (allgather, reduce_scatter), 1 (broadcast), GB = 1e9. With a compressor, algbw\n"
+         "\nsize is the total bytes (for allgather, reduce_scatter, alltoall, gather and scatter:\n"
+         "count x type size x nranks), count the elements per call; algbw = size / time, busbw =\n"
+         "algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather,\n"
+         "scatter), 1 (broadcast, reduce, sendrecv), GB = 1e9. With a compressor, algbw\n"
          "and busbw are effective bandwidths (the uncompressed size over the time); paybw is the\n"
          "bus bandwidth of the payload the compressor handed to collectives, ratio = uncompressed /\n"
          "payload bytes, sent = bytes on the wire per rank and call.\n");
@@ -252,7 +253,7 @@ Options parseArgs(int argc, char **argv) {
     }
   }
   if (optind < argc && !(o.coll = findColl(argv[optind])))
-    usageError(-1, "unknown collective '%s' (allreduce, allgather, broadcast, reduce_scatter)", argv[optind]);
+    usageError(-1, "unknown collective '%s' (allreduce, allgather, broadcast, reduce_scatter, alltoall, sendrecv, reduce, gather, scatter)", argv[optind]);
   if (optind + 1 < argc) usageError(-1, "unexpected argument '%s'", argv[optind + 1]);
   if (o.minBytes == 0) usageError(-1, "-b: the smallest size must be at least 1 byte");
   if (o.maxBytes < o.minBytes) usageError(-1, "-e %zu is smaller than -b %zu", o.maxBytes, o.minBytes);

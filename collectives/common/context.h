@@ -53,7 +53,7 @@ struct Context {
   Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s, uint32_t signature = 0)
       : transport(t), rank(t.rank()), size(t.size()),
         tagBase((uint64_t(signature) << kSignatureShift & kSignatureMask) |
-                ((sequence % (uint64_t(1) << kSequenceBits)) << kSubTagBits)),
+                ((sequence % kCollectiveSequences) << kSubTagBits)),
         deadline(d), segmentBytes(segment), scratch(s) {}
 
   // Reserves `count` consecutive tags for one phase of an algorithm.

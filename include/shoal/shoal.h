@@ -177,6 +177,64 @@ shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void *sendbuf, void
 
 shoal_status_t shoal_barrier(shoal_comm_t comm);
 
+/* ---- alltoall, reduce, gather, scatter, point-to-point (docs/collectives.md) */
+
+/* Rank r sends block p of sendbuf (count elements at p * count) to rank p and
+ * receives rank p's block r into block p of recvbuf. In place: sendbuf == recvbuf. */
+shoal_status_t shoal_alltoall(shoal_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
+                              shoal_dtype_t dtype);
+/* sendcounts[p] elements at sdispls[p] go to rank p; recvcounts[p] from rank p
+ * land at rdispls[p] (elements; NULL displacements pack the blocks). Every
+ * rank's recvcounts[p] must equal rank p's sendcounts[r]: a disagreement is
+ * SHOAL_ERR_MISMATCH on every rank. In place: sendbuf == recvbuf. */
+shoal_status_t shoal_alltoallv(shoal_comm_t comm, const void *sendbuf, const size_t *sendcounts,
+                               const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                               const size_t *rdispls, shoal_dtype_t dtype);
+/* Root's recvbuf gets the reduction of every rank's sendbuf (recvbuf is only
+ * written on root and may be NULL elsewhere). In place on root: sendbuf == recvbuf. */
+shoal_status_t shoal_reduce(shoal_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
+                            shoal_dtype_t dtype, shoal_op_t op, int root);
+/* Root's recvbuf gets every rank's sendcount elements, rank r's at r * sendcount.
+ * In place on root: sendbuf == recvbuf + root * sendcount elements. */
+shoal_status_t shoal_gather(shoal_comm_t comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+                            shoal_dtype_t dtype, int root);
+/* Rank r's sendcount elements land at recvbuf + displs[r] on root; recvcounts,
+ * displs and recvbuf are read on root only (displs NULL packs). */
+shoal_status_t shoal_gatherv(shoal_comm_t comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                             const size_t *recvcounts, const size_t *displs, shoal_dtype_t dtype,
+                             int root);
+/* Block r of root's sendbuf (recvcount elements at r * recvcount) goes to rank r.
+ * In place on root: recvbuf == sendbuf + root * recvcount elements. */
+shoal_status_t shoal_scatter(shoal_comm_t comm, const void *sendbuf, void *recvbuf, size_t recvcount,
+                             shoal_dtype_t dtype, int root);
+/* sendcounts[r] elements at displs[r] of root's sendbuf go to rank r (read on root only). */
+shoal_status_t shoal_scatterv(shoal_comm_t comm, const void *sendbuf, const size_t *sendcounts,
+                              const size_t *displs, void *recvbuf, size_t recvcount,
+                              shoal_dtype_t dtype, int root);
+
+/* Point-to-point with tags 0..SHOAL_TAG_MAX, within the communicator's
+ * deadline. Not collective: only the two ranks call. A send returns once its
+ * receive has the data (both sides fail if count or dtype differ), so two
+ * ranks that exchange must post both directions in one shoal_sendrecv_many.
+ * Messages between two ranks with one tag arrive in the order sent. */
+#define SHOAL_TAG_MAX ((1 << 25) - 1)
+shoal_status_t shoal_send(shoal_comm_t comm, const void *buf, size_t count, shoal_dtype_t dtype,
+                          int peer, int tag);
+shoal_status_t shoal_recv(shoal_comm_t comm, void *buf, size_t count, shoal_dtype_t dtype,
+                          int peer, int tag);
+typedef enum { SHOAL_P2P_SEND = 0, SHOAL_P2P_RECV = 1 } shoal_p2p_kind_t;
+typedef struct {
+  shoal_p2p_kind_t kind;
+  int peer;
+  int tag;
+  void *buf; /* read by a send, written by a receive */
+  size_t count;
+  shoal_dtype_t dtype;
+} shoal_p2p_t;
+/* Posts all n operations at once and completes them all (pipeline stages,
+ * halo exchanges): no order among them can deadlock. */
+shoal_status_t shoal_sendrecv_many(shoal_comm_t comm, const shoal_p2p_t *ops, int n);
+
 /* ---- allreduce with options: compression, names ------------------------- */
 
 /* Per-call options; start from SHOAL_ALLREDUCE_OPTIONS_INIT. */

@@ -7,6 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string_view>
+
+#include "comm/agree.h"
+#include "core/error.h"
 #include "shoal/shoal.h"
 
 namespace shoal {
@@ -27,5 +31,27 @@ size_t checkedTensorElements(const char* call, const char* what, const shoal_ten
 // communicator's deadline (`communicatorS`, SHOAL_TIMEOUT_S): shoal never
 // waits without one. Finite values above it are kept.
 double checkedTimeout(const char* call, const char* what, double seconds, double communicatorS);
+
+// The entry points' common checks (moved here from collectives_api.cc so the
+// exchanging collectives share them). Each failure is INVALID_ARGUMENT.
+void checkDtype(const char* call, shoal_dtype_t dtype);
+void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op);
+// A NULL buffer is refused when it should hold bytes > 0.
+void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes);
+// [a, a + na) and [b, b + nb) overlap without being the in-place layout:
+// refused, since the result would depend on the copy order.
+void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace);
+
+// Runs checks that come before the body takes the call's sequence number: a
+// refusal still takes it (see runCollective), so the next call pairs up.
+template <typename Comm, typename Checks>
+void refuseTakingNumber(Comm& c, Checks&& checks) {
+  try {
+    checks();
+  } catch (const Error&) {
+    c.sequence++;
+    throw;
+  }
+}
 
 }  // namespace shoal

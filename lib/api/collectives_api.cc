@@ -18,42 +18,9 @@ namespace shoal {
 namespace {
 
 
-void checkDtype(const char* call, shoal_dtype_t dtype) {
-  if (dtypeSize(dtype) == 0)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call,
-         static_cast<int>(dtype));
-}
-
-void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
-  checkDtype(call, dtype);
-  if (op < 0 || op >= SHOAL_OP_COUNT)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not a shoal_op_t; use SHOAL_SUM .. SHOAL_BXOR", call,
-         static_cast<int>(op));
-  if (!isValidDtypeOp(dtype, op))
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}; bitwise ops need an integer dtype", call,
-         shoal_op_name(op), shoal_dtype_name(dtype));
-}
-
 // count x elementSize x factor bytes within the largest buffer (api/checks.h).
 size_t checkedBytes(const char* call, const char* what, size_t count, shoal_dtype_t dtype, size_t factor = 1) {
   return checkedByteCount(call, what, count, dtype, factor);
-}
-
-void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
-  if (buffer == nullptr && bytes > 0)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL but {} bytes were requested; pass a buffer or count 0", call,
-         name, bytes);
-}
-
-// [a, a + na) and [b, b + nb) overlap without being the in-place layout:
-// refused, since the result would depend on the copy order.
-void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  if (inPlace || a == nullptr || b == nullptr || na == 0 || nb == 0) return;
-  if (pa < pb + nb && pb < pa + na)
-    fail(SHOAL_ERR_INVALID_ARGUMENT,
-         "{}: sendbuf and recvbuf overlap without being the in-place layout; use separate buffers or the in-place form",
-         call);
 }
 
 // Elements of a tensor after checking its rank and shape (api/checks.h).

@@ -31,8 +31,9 @@ namespace shoal {
 //   bit  63      an abort notice (see abort())
 //   bits 47..62  the sender's rank (16 bits: at most 65536 ranks)
 //   bits 28..46  the call signature (19 bits)
-//   bits 16..27  the call's sequence number, wrapping (a call finishes all its
-//                messages before the next starts)
+//   bits 16..27  the call's sequence number, wrapping at 2^11 (a call finishes
+//                all its messages before the next starts); bit 27 set marks a
+//                point-to-point message instead (kPointToPointBit)
 //   bits  0..15  the sub-tag the algorithm hands out per step and segment
 // A tag passed to isend/irecv holds the low 47 bits (signature and below).
 constexpr int kSubTagBits = 16;
@@ -45,6 +46,12 @@ constexpr int kMaxRanks = 1 << 16;
 constexpr uint64_t kMaxTag = (uint64_t(1) << kTagBits) - 1;
 constexpr uint64_t kSignatureMask = ((uint64_t(1) << kSignatureBits) - 1) << kSignatureShift;
 constexpr uint64_t kSequenceMask = ((uint64_t(1) << kSequenceBits) - 1) << kSubTagBits;
+// The top bit of the sequence field marks point-to-point messages
+// (shoal_send/recv, lib/api/p2p_api.cc): collectives number their calls
+// modulo kCollectiveSequences and never set it, so no collective's receive or
+// probe can match a point-to-point message, whatever the two sequences are.
+constexpr uint64_t kPointToPointBit = uint64_t(1) << (kTagBits - 1);
+constexpr uint64_t kCollectiveSequences = uint64_t(1) << (kSequenceBits - 1);
 
 // The text of a signature disagreement found on a receive: this rank's call
 // signature word `mine`, the word rank `peer` sent. Defined by the layer that

@@ -365,6 +365,39 @@ class Communicator:
                                          src.dtype))
         return array
 
+    def alltoall(self, x, splits=None):
+        """Rank r sends rows splits[p] of x (in order along the first axis) to rank p and returns
+        (the rows received from every rank, concatenated in rank order; the list of their counts).
+        splits=None splits x evenly (its first extent must be a multiple of the world size)."""
+        import numpy as np
+        src = B.describe(x, "x")
+        if not src.shape:
+            raise ValueError("shoal.alltoall: x is a scalar; pass an array with a first axis")
+        rows, row_elems = src.shape[0], 1
+        for d in src.shape[1:]:
+            row_elems *= d
+        if splits is None:
+            if rows % self.size:
+                raise ValueError("shoal.alltoall: x has %d rows, not a multiple of the world size %d; pass splits"
+                                 % (rows, self.size))
+            array, dst = self._output(src, None, src.shape)
+            self._check(lib.shoal_alltoall(self.handle, src.address, dst.address, src.count // self.size, src.dtype))
+            return array, [rows // self.size] * self.size
+        splits = [int(s) for s in splits]
+        if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError("shoal.alltoall: splits must hold %d counts >= 0 that add up to x's %d rows, got %s"
+                             % (self.size, rows, splits))
+        # Every peer's row count first (one int64 each way), then the rows.
+        mine, theirs = np.array(splits, dtype=np.int64), np.zeros(self.size, dtype=np.int64)
+        self._check(lib.shoal_alltoall(self.handle, mine.ctypes.data, theirs.ctypes.data, 1, T.I64))
+        received = [int(v) for v in theirs]
+        array, dst = self._output(src, None, (sum(received),) + tuple(src.shape[1:]))
+        sendcounts = (ctypes.c_size_t * self.size)(*[s * row_elems for s in splits])
+        recvcounts = (ctypes.c_size_t * self.size)(*[r * row_elems for r in received])
+        self._check(lib.shoal_alltoallv(self.handle, src.address, sendcounts, None, dst.address, recvcounts, None,
+                                        src.dtype))
+        return array, received
+
     def broadcast(self, x, root=0, out=None):
         """Root's x into out on every rank (a fresh array when None; out=x: in place). Returns out."""
         self._check_root(root)

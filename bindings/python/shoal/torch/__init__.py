@@ -7,7 +7,7 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
 Same names, signatures, defaults and semantics as Horovod's, over shoal's async
-runtime; docs/python.md lists what differs and why (alltoall, Adasum, process sets).
+runtime; docs/python.md lists what differs and why (Adasum, process sets).
 """
 from .compression import Compression, Compressor
 from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set,

@@ -545,12 +545,49 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     return _Reducescatter.apply(tensor, name, _op(op), prescale_factor, postscale_factor, process_set)
 
 
+def _alltoall_now(tensor, splits):
+    """(received rows, received splits as an int32 tensor), run at once (blocking C call)."""
+    _check_tensor(tensor)
+    if tensor.dim() == 0:
+        raise ValueError("alltoall: tensor is a scalar; pass a tensor with at least one dimension")
+    if splits is not None:
+        splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    try:
+        out, received = _comm().alltoall(tensor.contiguous(), splits)
+    except ShoalError as error:
+        _raise(error)
+    return out, torch.tensor(received, dtype=torch.int32)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, received = _alltoall_now(tensor, splits)
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_received):
+        # The gradient goes back the way the rows came: rank p's rows return to rank p.
+        grad, _ = _alltoall_now(grad_output.contiguous(), ctx.received)
+        return grad, None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=None):
-    raise NotImplementedError("alltoall is not implemented in shoal (its C library has no alltoall collective yet); "
-                              "use allgather and keep the rows you need")
+    """Horovod's alltoall: rank r sends splits[p] rows of tensor (dim 0, in order) to rank p and
+    receives every rank's rows for it, concatenated in rank order. splits=None splits dim 0
+    evenly. Returns the received tensor, and with splits also the received splits (an int32
+    tensor, as Horovod >= 0.26)."""
+    _check_tensor(tensor)
+    out, received = _Alltoall.apply(tensor, splits, name)
+    return out if splits is None else (out, received)
 
 
-alltoall_async = alltoall
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """As alltoall, but returns a handle for synchronize(). The async runtime has no alltoall
+    request yet: the exchange runs at submission and the handle is already complete."""
+    return _new_handle(_Done(alltoall(tensor, splits, name)))
 
 
 # ---- completion --------------------------------------------------------------------------------------------
