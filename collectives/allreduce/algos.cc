@@ -9,14 +9,18 @@ const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
       {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
       {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
        allreduceRecursiveDoubling},
+      {"shm", "every rank writes its data into a shared-memory slot and reduces all slots in rank order; ranks on "
+              "one host, small messages", allreduceShm},
   };
   return table;
 }
 
 const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize,
-                                          size_t treeMaxBytes) {
+                                          size_t treeMaxBytes, size_t sharedMaxBytes) {
   std::string wanted = name;
-  if (wanted.empty() || wanted == "auto") {
+  if ((wanted.empty() || wanted == "auto") && worldSize > 1 && bytes <= sharedMaxBytes) {
+    wanted = "shm";  // one host: flags in shared memory beat any rendezvous for small messages
+  } else if (wanted.empty() || wanted == "auto") {
     // Recursive doubling wins while latency dominates (log2 n hops against
     // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
     wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "doubling" : "ring";

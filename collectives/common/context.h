@@ -15,6 +15,8 @@ namespace shoal {
 // Tags (transport.h): the call's signature, its sequence number (wrapping: a
 // call finishes all its messages before the next starts) and a sub-tag that
 // the algorithm hands out per step and segment.
+class SharedSegment;  // transport/shm/segment.h
+
 constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
 
 // Scratch memory that lives as long as the communicator, so large calls do not
@@ -44,6 +46,7 @@ struct Context {
   size_t segmentBytes;  // pipelining unit of ring and chain algorithms
   Scratch& scratch;
   uint64_t nextSubTag = 0;
+  SharedSegment* shm = nullptr;  // the communicator's shared-memory segment, where it has one
 
   // `signature` is the call's signature word (api/agree.h); every message of
   // the call carries it.

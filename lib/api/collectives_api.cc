@@ -75,6 +75,13 @@ size_t checkedElements(const char* call, const char* name, const shoal_tensor_t*
   return checkedTensorElements(call, name, *tensor);
 }
 
+// Broadcasts and barriers take the shared segment (lib/transport/shm) under
+// SHOAL_ALGO=shm, and under auto up to the segment's slot size.
+bool sharedSegmentFor(const shoal_comm& c, size_t bytes) {
+  if (!c.shm || c.size == 1) return false;
+  return c.algorithm == "shm" || ((c.algorithm.empty() || c.algorithm == "auto") && bytes <= c.shmMaxBytes);
+}
+
 CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
                           std::string_view algorithm = {}) {
   CallSignature signature;
@@ -97,7 +104,7 @@ namespace shoal {
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
   const AllreduceAlgorithm& algorithm =
-      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes);
+      selectAllreduce(comm.algorithm, count * dtypeSize(dtype), comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
   plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
 }
 
@@ -296,8 +303,11 @@ void broadcastBody(shoal_comm& c, const char* call, const void* sendbuf, void* r
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
   }
   bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
-  CallScope scope(c, signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
+  const bool shared = sharedSegmentFor(c, bytes);
+  CallScope scope(c, signatureOf(CallKind::Broadcast, dtype, -1, count, root, shared ? "shm" : tree ? "tree" : "chain"));
   if (bytes == 0) return emptyCall(c, sequence);
+  if (shared)  // every rank's signature is checked in the segment: no barrier first
+    return runCollective(c, sequence, [&](Context& context) { broadcastShm(context, recvbuf, bytes, root); });
   runCollective(c, sequence, [&](Context& context) {
     // Broadcast data flows one way: the root hears from no one. Empty
     // messages along a dissemination pattern first carry every rank's
@@ -427,7 +437,8 @@ SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
     shoal_comm& c = usableComm(comm, "shoal_barrier");
     runtime::blockingCall(c, "shoal_barrier", [&] {
       CallScope scope(c, signatureOf(CallKind::Barrier, -1, -1, 0));
-      runCollective(c, c.sequence++, [&](Context& context) { barrierDissemination(context); });
+      const bool shared = sharedSegmentFor(c, 0);
+      runCollective(c, c.sequence++, [&](Context& context) { shared ? barrierShm(context) : barrierDissemination(context); });
     });
   });
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "api/comm_info.h"
+#include "api/shm_setup.h"
 #include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -133,6 +134,8 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   }
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
+  attachSharedSegment(*comm);  // api/shm_setup.h: ranks on one host
+  warmUp(*comm);               // the first calls pay no wire-up or page faults
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
   comm->engine = std::make_unique<runtime::Engine>(*comm);  // its thread starts with the first async call
   return comm;
@@ -172,6 +175,7 @@ SHOAL_EXPORT shoal_status_t shoal_comm_finalize(shoal_comm_t comm) {
     comm->finalized = true;
     if (comm->engine) comm->engine->shutdown();
     comm->nccl.reset();
+    comm->shm.reset();
     comm->transport.reset();
     comm->store.reset();
   });

@@ -12,6 +12,7 @@
 #include "runtime/engine.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
+#include "transport/shm/segment.h"
 #include "transport/transport.h"
 
 namespace shoal::nccl { class Communicator; }
@@ -31,6 +32,8 @@ struct shoal_comm {
   bool callWordValid = false;
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
+  std::unique_ptr<shoal::SharedSegment> shm;    // ranks all on one host (lib/transport/shm); else null
+  size_t shmMaxBytes = 0;  // auto takes shm up to this size: the segment's slot, 0 without one
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (api/cuda_route.cc)

@@ -331,7 +331,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // signature (api/agree.h): a rank that compresses where another does not
   // fails with MISMATCH at the first message.
   const AllreduceAlgorithm* plain =
-      compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
+      compress || route.cuda ? nullptr : &selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {

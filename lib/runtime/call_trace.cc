@@ -57,7 +57,8 @@ CallTrace::~CallTrace() {
     if (allreduce) {
       std::string algorithm =
           stats.rounds > 0 ? std::string("compressed")
-                           : selectAllreduce(comm_.algorithm, stats.inputBytes, comm_.size, comm_.treeMaxBytes).name;
+                           : selectAllreduce(comm_.algorithm, stats.inputBytes, comm_.size, comm_.treeMaxBytes,
+                                             comm_.shmMaxBytes).name;
       what = fmt::format("{} bytes, algorithm {}, {}", stats.inputBytes, algorithm, compressorDecision(stats));
       args += fmt::format(", \"bytes\": {}, \"algorithm\": \"{}\", \"compressor\": \"{}\", \"payload_bytes\": {}",
                           stats.inputBytes, algorithm, stats.compressor, stats.payloadBytes);

@@ -38,7 +38,7 @@ void logGroup(const shoal_comm& comm, const Group& group) {
     how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
                                       meta.options.empty() ? "" : " (" + meta.options + ")")
                         : fmt::format(", algorithm {}, uncompressed{}",
-                                      selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name,
+                                      selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes).name,
                                       meta.compressor.empty() || meta.compressor == "none"
                                           ? ""
                                           : fmt::format(" (compressor {}: below its min bytes, or an op or dtype it "
