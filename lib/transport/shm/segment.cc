@@ -244,10 +244,12 @@ SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int siz
                              std::vector<long> pids)
     : mapping_(std::move(mapping)), rank_(rank), size_(size), slotBytes_(slotBytes),
       slotStride_(slotStrideFor(slotBytes)), pids_(std::move(pids)) {
-  // Spinning helps only while every rank has a core; beyond that a spinning
-  // rank steals the core of the rank it waits for.
+  // Spin a few microseconds (a peer that runs arrives within one or two),
+  // then yield: a rank that keeps spinning while its peer waits for a core
+  // (more ranks than cores, or a loaded machine) steals that core.
+  // A pause is about 30 ns on current x86 cores.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  spinPolls_ = static_cast<unsigned>(size_) > cores ? 16 : 20000;
+  spinPolls_ = static_cast<unsigned>(size_) > cores ? 16 : 256;
 }
 
 SharedSegment::~SharedSegment() = default;
