@@ -293,9 +293,16 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
   auto flag = atomicAt(header->number);
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
   Clock::time_point nextLivenessCheck = Clock::now() + kLivenessPeriod;
+  // A failure seen while waiting counts only if the flag still has not come:
+  // a rank that was descheduled may find its peers already past this round
+  // and failed in a later call, and this round's data is complete.
+  auto arrived = [&] { return flag.load(std::memory_order_acquire) == number; };
   for (long polls = 0;; ++polls) {
-    if (flag.load(std::memory_order_acquire) == number) return;
-    if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) failFromAbortWord(word);
+    if (arrived()) return;
+    if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) {
+      if (arrived()) return;
+      failFromAbortWord(word);
+    }
     if (polls < spinPolls_) {
       cpuRelax();
       continue;
@@ -303,18 +310,23 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
     sched_yield();
     if (polls % 16 != 0) continue;
     Clock::time_point now = Clock::now();
-    if (now > deadline)
+    if (now > deadline && !arrived())
       throw Error(SHOAL_ERR_TIMEOUT,
                   fmt::format("rank {} timed out (SHOAL_TIMEOUT_S) waiting for rank {} in the shared-memory {}: is "
                               "that rank alive and calling the same collective?",
                               rank_, peer, round.what));
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + kLivenessPeriod;
-      if (pids_[peer] != 0 && !processAlive(pids_[peer]) && flag.load(std::memory_order_acquire) != number)
+      if (pids_[peer] != 0 && !processAlive(pids_[peer]) && !arrived())
         throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
                                                   "complete the collective",
                                                   peer, pids_[peer], rank_));
-      transport.checkNotAborted();  // an abort notice that came the other way
+      try {
+        transport.checkNotAborted();  // an abort notice that came the other way
+      } catch (const Error&) {
+        if (arrived()) return;  // the transport stays failed: the next call reports it
+        throw;
+      }
     }
   }
 }
