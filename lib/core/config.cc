@@ -31,7 +31,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_TOKEN", "", "Job token every tcp store connection must present; shoalrun makes a fresh one."},
       // Behaviour.
       {"SHOAL_TIMEOUT_S", "300", "Deadline in seconds of every wait; a dead or stalled peer becomes an error after it.", K::Number, 0.001, kMaxSeconds},
-      {"SHOAL_ALGO", "auto", "Allreduce algorithm: auto, ring, tree, doubling or aggregate (shoal-aggd, see SHOAL_AGGREGATOR) (broadcast: tree or chain, chosen by size unless ring/tree).", K::Choice, 0, 0, "auto,ring,tree,doubling,aggregate"},
+      {"SHOAL_ALGO", "auto", "Allreduce algorithm: auto, ring, tree, doubling, shm (ranks on one host; also broadcast and barrier) or aggregate (shoal-aggd, see SHOAL_AGGREGATOR) (broadcast: tree or chain, chosen by size unless ring/tree).", K::Choice, 0, 0, "auto,ring,tree,doubling,shm,aggregate"},
       {"SHOAL_AGGREGATOR", "", "SHOAL_ALGO=aggregate: tcp://host:port[,tcp://host:port...] of shoal-aggd aggregators; several shard each tensor (docs/aggregation.md)."},
       {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain.", K::Integer, 0, kMaxBytes},
       {"SHOAL_SHM_MAX_BYTES", "65536", "When every rank shares one host: auto runs allreduces, broadcasts and barriers up to this size through a shared-memory segment (its slot size; 0 = no segment).", K::Integer, 0, 1 << 26},
