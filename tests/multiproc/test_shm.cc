@@ -203,7 +203,10 @@ TEST_P(ShmExact, EveryDtypeOpAndSizeAroundTheSlot) {
 
 // auto: shm up to the slot, UCX above; shm forced: every size in pieces.
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmExact,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Values("auto", "shm")));
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Values("auto", "shm")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
 
 // A call whose arguments differ on one rank fails with MISMATCH on every rank.
 void expectMismatchEverywhere(const std::function<void(int rank, shoal_dtype_t& dtype, shoal_op_t& op, size_t& count)>&
