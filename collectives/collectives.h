@@ -30,6 +30,8 @@ void allreduceTree(Context& context, void* recv, size_t count, const Reducer& re
 void allreduceRecursiveDoubling(Context& context, void* recv, size_t count, const Reducer& reducer);
 // Inside hosts, then across, then inside again (context.hosts); the ring where the layout is not regular.
 void allreduceHierarchical(Context& context, void* recv, size_t count, const Reducer& reducer);
+// Through the shared-memory segment (context.shm): ranks on one host only.
+void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer);
 
 struct AllreduceAlgorithm {
   const char* name;
@@ -37,15 +39,19 @@ struct AllreduceAlgorithm {
   AllreduceFn run;
 };
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms();
-// "auto" resolves by message size and rank count; an unknown name is
-// Error(SHOAL_ERR_NOT_FOUND) listing the valid ones.
-const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize, size_t treeMaxBytes);
+// "auto" resolves by message size and rank count (and takes the shared
+// segment up to sharedMaxBytes, 0 where the communicator has none); an
+// unknown name is Error(SHOAL_ERR_NOT_FOUND) listing the valid ones.
+const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize, size_t treeMaxBytes,
+                                          size_t sharedMaxBytes = 0);
 
 // ---- broadcast: on root, buf holds the data -----------------------------
 void broadcastTree(Context& context, void* buf, size_t bytes, int root);
 void broadcastChain(Context& context, void* buf, size_t bytes, int root);
+void broadcastShm(Context& context, void* buf, size_t bytes, int root);  // context.shm: one host
 
 // ---- barrier ------------------------------------------------------------
 void barrierDissemination(Context& context);
+void barrierShm(Context& context);  // context.shm: one host
 
 }  // namespace shoal

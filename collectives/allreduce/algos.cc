@@ -13,15 +13,19 @@ const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
        allreduceRecursiveDoubling},
       {"hierarchical", "reduce-scatter inside each host, ring across hosts per shard, allgather inside; for >= 2 hosts with "
        "the same number (>= 2) of ranks on each, else the ring", allreduceHierarchical},
+      {"shm", "every rank writes its data into a shared-memory slot and reduces all slots in rank order; ranks on "
+              "one host, small messages", allreduceShm},
   };
   return table;
 }
 
 const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize,
-                                          size_t treeMaxBytes) {
+                                          size_t treeMaxBytes, size_t sharedMaxBytes) {
   // Views, and the names list only on failure: this runs on every small allreduce.
   std::string_view wanted = name;
-  if (wanted.empty() || wanted == "auto") {
+  if ((wanted.empty() || wanted == "auto") && worldSize > 1 && bytes <= sharedMaxBytes) {
+    wanted = "shm";  // one host: flags in shared memory beat any rendezvous for small messages
+  } else if (wanted.empty() || wanted == "auto") {
     // Recursive doubling wins while latency dominates (log2 n hops against
     // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
     wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "doubling" : "ring";

@@ -17,6 +17,8 @@ struct HostLayout;  // collectives/common/host_layout.h
 // Tags (transport.h): the call's signature, its sequence number (wrapping: a
 // call finishes all its messages before the next starts) and a sub-tag that
 // the algorithm hands out per step and segment.
+class SharedSegment;  // transport/shm/segment.h
+
 constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
 
 // Scratch memory that lives as long as the communicator, so large calls do not
@@ -47,6 +49,7 @@ struct Context {
   Scratch& scratch;
   uint64_t nextSubTag = 0;
   const HostLayout* hosts = nullptr;  // set by the communicator; the hierarchical allreduce needs it
+  SharedSegment* shm = nullptr;  // the communicator's shared-memory segment, where it has one
 
   // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.

@@ -29,6 +29,13 @@ size_t checkedElements(const char* call, const char* name, const shoal_tensor_t*
   return checkedTensorElements(call, name, *tensor);
 }
 
+// Broadcasts and barriers take the shared segment (lib/transport/shm) under
+// SHOAL_ALGO=shm, and under auto up to the segment's slot size.
+bool sharedSegmentFor(const shoal_comm& c, size_t bytes) {
+  if (!c.shm || c.size == 1) return false;
+  return c.algorithm == "shm" || ((c.algorithm.empty() || c.algorithm == "auto") && bytes <= c.shmMaxBytes);
+}
+
 }  // namespace
 }  // namespace shoal
 
@@ -167,8 +174,11 @@ void broadcastBody(Call& call, const void* sendbuf, void* recvbuf, size_t count,
     if (sendbuf != recvbuf && bytes > 0) std::memcpy(recvbuf, sendbuf, bytes);
   }
   bool tree = c.algorithm == "tree" || (c.algorithm != "ring" && bytes <= c.treeMaxBytes);
-  call.declare(signatureOf(CallKind::Broadcast, dtype, -1, count, root, tree ? "tree" : "chain"));
+  const bool shared = sharedSegmentFor(c, bytes);
+  call.declare(signatureOf(CallKind::Broadcast, dtype, -1, count, root, shared ? "shm" : tree ? "tree" : "chain"));
   if (bytes == 0) return call.runEmpty();
+  if (shared)  // every rank's signature is checked in the segment: no barrier first
+    return call.run([&](Context& context) { broadcastShm(context, recvbuf, bytes, root); });
   call.run([&](Context& context) {
     // Broadcast data flows one way: the root hears from no one. Empty
     // messages along a dissemination pattern first carry every rank's
@@ -278,6 +288,7 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* 
 SHOAL_EXPORT shoal_status_t shoal_barrier(shoal_comm_t comm) {
   return enter(comm, "shoal_barrier", [&](Call& call) {
     call.declare(signatureOf(CallKind::Barrier, -1, -1, 0));
-    call.run([&](Context& context) { barrierDissemination(context); });
+    const bool shared = sharedSegmentFor(call.comm(), 0);
+    call.run([&](Context& context) { shared ? barrierShm(context) : barrierDissemination(context); });
   });
 }

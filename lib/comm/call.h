@@ -22,11 +22,13 @@ void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
   Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
                   currentCallWord(comm));
   context.hosts = comm.hosts.get();
+  context.shm = comm.shm.get();
   try {
     body(context);
     comm.transport->checkNotAborted();
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
+    if (comm.shm) comm.shm->abort(error.what(), error.status());  // peers waiting in shared memory
     throw;
   }
 }

@@ -15,6 +15,7 @@
 
 #include "comm/describe.h"
 #include "comm/hosts.h"
+#include "comm/shm_setup.h"
 #include "bootstrap/discovery.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -126,12 +127,15 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   comm->transport = makeUcxTransport(transportOptions);
   checkRanksAgree(*comm);
   learnHosts(*comm);  // the rank-to-host map of the hierarchical allreduce (comm/hosts.cc)
+  attachSharedSegment(*comm);  // comm/shm_setup.h: ranks on one host
+  warmUp(*comm);               // the first calls pay no wire-up or page faults
   describeCommunicator(*comm, storeOptions.url.c_str());  // SHOAL_LOG_LEVEL=info: once per communicator
   return comm;
 }
 
 void releaseConnections(shoal_comm& comm) {
   comm.nccl.reset();
+  comm.shm.reset();
   comm.transport.reset();
   comm.store.reset();
 }

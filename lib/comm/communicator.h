@@ -10,6 +10,7 @@
 #include "comm/agree.h"
 #include "aggregate/client.h"
 #include "bootstrap/store.h"
+#include "transport/shm/segment.h"
 #include "collectives/common/context.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
@@ -59,6 +60,8 @@ struct shoal_comm {
   uint64_t splits = 0;               // splits so far: each child's store keys live under "<keyPrefix>split<n>/"
   std::shared_ptr<const shoal::HostLayout> hosts;  // which ranks share a host (comm/hosts.cc)
   size_t hierMinBytes = 0;                         // SHOAL_HIER_MIN_BYTES
+  std::unique_ptr<shoal::SharedSegment> shm;  // ranks all on one host (lib/transport/shm); else null
+  size_t shmMaxBytes = 0;  // auto takes shm up to this size: the segment's slot, 0 without one
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (gpu/route.cc)
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id

@@ -99,7 +99,7 @@ const AllreduceAlgorithm& chooseAllreduce(const shoal_comm& comm, size_t bytes) 
   if ((comm.algorithm.empty() || comm.algorithm == "auto") && comm.hosts && comm.hosts->hierarchical() &&
       bytes >= comm.hierMinBytes && bytes > comm.treeMaxBytes)
     return selectAllreduce("hierarchical", bytes, comm.size, comm.treeMaxBytes);
-  return selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes);
+  return selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
 }
 
 }  // namespace shoal

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
+#include "comm/hosts.h"
 #include "runtime/engine.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -58,7 +59,7 @@ CallTrace::~CallTrace() {
     if (allreduce) {
       std::string algorithm =
           stats.rounds > 0 ? std::string("compressed")
-                           : selectAllreduce(comm_.algorithm, stats.inputBytes, comm_.size, comm_.treeMaxBytes).name;
+                           : chooseAllreduce(comm_, stats.inputBytes).name;
       what = fmt::format("{} bytes, algorithm {}, {}", stats.inputBytes, algorithm, compressorDecision(stats));
       args += fmt::format(", \"bytes\": {}, \"algorithm\": \"{}\", \"compressor\": \"{}\", \"payload_bytes\": {}",
                           stats.inputBytes, algorithm, stats.compressor, stats.payloadBytes);

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "comm/call.h"
 #include "comm/host_ops.h"
+#include "comm/hosts.h"
 #include "core/config.h"
 #include "core/log.h"
 
@@ -39,7 +40,7 @@ void logGroup(const shoal_comm& comm, const Group& group) {
     how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
                                       meta.options.empty() ? "" : " (" + meta.options + ")")
                         : fmt::format(", algorithm {}, uncompressed{}",
-                                      selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes).name,
+                                      chooseAllreduce(comm, bytes).name,
                                       meta.compressor.empty() || meta.compressor == "none"
                                           ? ""
                                           : fmt::format(" (compressor {}: below its min bytes, or an op or dtype it "

@@ -550,7 +550,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAllAlgorithms,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
                                             ::testing::Values(std::string("ring"), std::string("tree"),
-                                                              std::string("doubling"))),
+                                                              std::string("doubling"), std::string("shm"))),
                          paramName);
 
 // The self-made float model must agree with the dtypes' definitions where C++ has them.

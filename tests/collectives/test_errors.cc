@@ -640,7 +640,8 @@ TEST_P(Disagreement, StalledRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Disagreement,
-                         ::testing::Values(std::string("ring"), std::string("tree"), std::string("doubling")),
+                         ::testing::Values(std::string("ring"), std::string("tree"), std::string("doubling"),
+                                           std::string("shm")),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // A late rank in a ring allgather: ranks 0 and 1 time out waiting for rank 2

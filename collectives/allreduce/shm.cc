@@ -1,0 +1,64 @@
+// Allreduce, broadcast and barrier through the communicator's shared-memory
+// segment (lib/transport/shm/segment.h), for ranks that all share one host.
+// A call of more bytes than a slot holds runs in pieces, one round each.
+//
+// Every rank reduces every rank's slot itself, always in rank order
+// (((x0 op x1) op x2) ...), so all ranks get the same bits, also for floats
+// and ops that are not associative in floating point.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "transport/shm/segment.h"
+
+namespace shoal {
+namespace {
+
+SharedSegment& segmentOf(Context& context) {
+  if (context.shm == nullptr)
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "the shared-memory algorithm needs every rank on one host and a shared segment (SHOAL_SHM_MAX_BYTES > 0); "
+         "this communicator has none: use SHOAL_ALGO=auto");
+  return *context.shm;
+}
+
+uint32_t callWord(const Context& context) {
+  return static_cast<uint32_t>((context.tagBase & kSignatureMask) >> kSignatureShift);
+}
+
+}  // namespace
+
+void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer) {
+  SharedSegment& shm = segmentOf(context);
+  const size_t element = reducer.elementSize();
+  const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
+  auto* out = static_cast<uint8_t*>(recv);
+  for (size_t first = 0; first < count; first += perRound) {
+    const size_t n = std::min(perRound, count - first);
+    uint8_t* piece = out + first * element;
+    shm.exchange({callWord(context), count, first, "allreduce"}, piece, n * element, context.transport,
+                 context.deadline);
+    if (context.size == 1) continue;  // the piece is already the result
+    reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
+    for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
+  }
+  reducer.finish(recv, count, context.size);
+}
+
+void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
+  SharedSegment& shm = segmentOf(context);
+  auto* data = static_cast<uint8_t*>(buf);
+  const bool isRoot = context.rank == root;
+  for (size_t first = 0; first < bytes; first += shm.slotBytes()) {
+    const size_t n = std::min(shm.slotBytes(), bytes - first);
+    shm.exchange({callWord(context), bytes, first, "broadcast"}, isRoot ? data + first : nullptr, n,
+                 context.transport, context.deadline);
+    if (!isRoot) std::memcpy(data + first, shm.peerData(root), n);
+  }
+}
+
+void barrierShm(Context& context) {
+  segmentOf(context).exchange({callWord(context), 0, 0, "barrier"}, nullptr, 0, context.transport, context.deadline);
+}
+
+}  // namespace shoal

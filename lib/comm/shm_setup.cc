@@ -1,0 +1,66 @@
+#include "comm/shm_setup.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "collectives/collectives.h"
+#include "core/config.h"
+#include "core/log.h"
+
+namespace shoal {
+
+void attachSharedSegment(shoal_comm& comm) {
+  const long long slot = config::getInt("SHOAL_SHM_MAX_BYTES");
+  std::string whyNot;
+  comm.shm = SharedSegment::open(*comm.store, comm.keyPrefix, comm.rank, comm.size, static_cast<size_t>(slot),
+                                 comm.timeoutS, &whyNot);
+  comm.shmMaxBytes = comm.shm ? comm.shm->slotBytes() : 0;
+  if (!comm.shm && comm.algorithm == "shm")
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "SHOAL_ALGO=shm needs every rank on one host and a shared-memory segment, but this communicator has none: "
+         "{}. Use SHOAL_ALGO=auto (it takes shared memory where it can)",
+         whyNot);
+  if (!comm.shm) SHOAL_LOG_DEBUG("rank {}: no shared-memory segment: {}", comm.rank, whyNot);
+}
+
+namespace {
+
+// Like runCollective (api/run.h) without its final check for peers' aborts:
+// a rank that finishes init late must not fail init because its peers have
+// already moved on and failed a later call (that call reports it instead).
+template <typename Body>
+void initCollective(shoal_comm& comm, Body&& body) {
+  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+  context.shm = comm.shm.get();
+  try {
+    body(context);
+  } catch (const Error& error) {
+    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
+    if (comm.shm) comm.shm->abort(error.what(), error.status());
+    throw;
+  }
+}
+
+}  // namespace
+
+void warmUp(shoal_comm& comm) {
+  if (comm.size == 1) return;
+  // Recursive doubling at its largest auto size: its partners' endpoints and
+  // the scratch slot it receives into.
+  const size_t doublingBytes = std::max<size_t>(8, std::min<size_t>(comm.treeMaxBytes, 1 << 20)) / 8 * 8;
+  std::vector<uint64_t> words(doublingBytes / 8, 0);
+  initCollective(comm, [&](Context& context) {
+    allreduceRecursiveDoubling(context, words.data(), words.size(), Reducer(SHOAL_U64, SHOAL_BOR));
+  });
+  // The ring with full segments (bounded at 4 MiB): ring neighbours, the
+  // rendezvous protocol, and its two receive slots.
+  const size_t ringBytes = std::min<size_t>(comm.segmentBytes * comm.size, 4 << 20) / 8 * 8;
+  words.assign(std::max<size_t>(ringBytes / 8, comm.size), 0);
+  initCollective(comm, [&](Context& context) {
+    allreduceRing(context, words.data(), words.size(), Reducer(SHOAL_U64, SHOAL_BOR));
+  });
+  if (comm.shm) initCollective(comm, [&](Context& context) { barrierShm(context); });
+}
+
+}  // namespace shoal

@@ -1,0 +1,17 @@
+// Init-time pieces for the first calls to be fast: the shared-memory segment
+// of a communicator whose ranks share one host, and a warm-up that wires the
+// endpoints and faults in the scratch buffers the small and medium
+// algorithms use (UCX connects lazily; fresh pages fault on first touch).
+#pragma once
+
+struct shoal_comm;
+
+namespace shoal {
+
+// Opens comm.shm (every rank calls it at init; the same outcome on every
+// rank). SHOAL_ALGO=shm without a segment fails here, saying why.
+void attachSharedSegment(shoal_comm& comm);
+// A few internal collectives on every rank (collective: every rank calls it).
+void warmUp(shoal_comm& comm);
+
+}  // namespace shoal

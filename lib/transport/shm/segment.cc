@@ -1,0 +1,373 @@
+#include "transport/shm/segment.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace shoal {
+namespace {
+
+constexpr uint64_t kMagic = 0x73686f616c73686dull;  // "shoalshm"
+constexpr size_t kLine = 64;
+constexpr size_t kAbortTextBytes = 256;
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(20);
+
+size_t roundUp(size_t value, size_t unit) { return (value + unit - 1) / unit * unit; }
+
+// The segment's fixed part, at offset 0. Written by rank 0 before any peer maps it.
+struct Control {
+  uint64_t magic;
+  uint64_t worldSize;
+  uint64_t slotBytes;
+  alignas(kLine) uint64_t abortWord;  // 0, or (status << 32) | (rank + 1) of the first rank that gave up
+};
+
+// A slot's header, one cache line in front of its data.
+struct SlotHeader {
+  uint64_t number;  // the round whose data the slot holds (release-stored last)
+  uint32_t word;
+  uint32_t unused;
+  uint64_t count;
+  uint64_t offset;
+  uint64_t bytes;
+};
+static_assert(sizeof(SlotHeader) <= kLine);
+
+size_t abortTextOffset() { return roundUp(sizeof(Control), kLine); }
+size_t slotsOffset(int size) { return roundUp(abortTextOffset() + size_t(size) * kAbortTextBytes, 4096); }
+size_t slotStrideFor(size_t slotBytes) { return kLine + roundUp(slotBytes, kLine); }
+size_t segmentBytes(int size, size_t slotBytes) {
+  return roundUp(slotsOffset(size) + size_t(size) * 2 * slotStrideFor(slotBytes), 4096);
+}
+
+std::atomic_ref<uint64_t> atomicAt(uint64_t& word) { return std::atomic_ref<uint64_t>(word); }
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// The same identity as the UCX transport's: host name, boot, PID and network
+// namespace. Ranks that share it share memory and see each other's /proc.
+std::string hostIdentity() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string bootId;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
+  struct stat pidNamespace {}, netNamespace {};
+  stat("/proc/self/ns/pid", &pidNamespace);
+  stat("/proc/self/ns/net", &netNamespace);
+  return fmt::format("{}/{}/{}/{}", host, bootId, static_cast<unsigned long>(pidNamespace.st_ino),
+                     static_cast<unsigned long>(netNamespace.st_ino));
+}
+
+// False once the process has exited or is a zombie. Anything short of the
+// kernel saying so (no descriptors left, say) counts as alive: the deadline
+// still bounds the wait.
+bool processAlive(long pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return !(errno == ENOENT || errno == ESRCH);
+  char text[512];
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return n < 0 && errno != ESRCH;
+  std::string_view fields(text, static_cast<size_t>(n));
+  size_t paren = fields.rfind(')');
+  if (paren == std::string_view::npos || paren + 2 >= fields.size()) return true;
+  char state = fields[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string text(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
+Bytes bytesOf(const std::string& value) { return Bytes(value.begin(), value.end()); }
+
+}  // namespace
+
+// One mapping per segment and process: ranks that are threads of one process
+// (the tests' launcher) share the addresses, so that their flags are one
+// memory location to the compiler and to ThreadSanitizer.
+struct SharedSegment::Mapping {
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  std::pair<dev_t, ino_t> id{};
+  ~Mapping() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+};
+
+namespace {
+
+std::mutex registryMutex;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<SharedSegment::Mapping>>& registry() {
+  static auto* mappings = new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<SharedSegment::Mapping>>;
+  return *mappings;
+}
+
+// Maps the memfd (or reuses this process's mapping of it); "" or why not.
+std::string mapDescriptor(int fd, size_t bytes, std::shared_ptr<SharedSegment::Mapping>& out) {
+  struct stat info {};
+  if (fstat(fd, &info) != 0) return fmt::format("fstat: {}", std::strerror(errno));
+  if (static_cast<size_t>(info.st_size) != bytes)
+    return fmt::format("the segment has {} bytes, expected {}", static_cast<long long>(info.st_size), bytes);
+  std::lock_guard<std::mutex> lock(registryMutex);
+  auto id = std::make_pair(info.st_dev, info.st_ino);
+  auto found = registry().find(id);
+  if (found != registry().end()) {
+    if ((out = found->second.lock())) return "";
+  }
+  // MAP_POPULATE faults every page in now, not in the first calls.
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return fmt::format("mmap of {} bytes: {}", bytes, std::strerror(errno));
+  auto mapping = std::make_shared<SharedSegment::Mapping>();
+  mapping->base = static_cast<uint8_t*>(base);
+  mapping->bytes = bytes;
+  mapping->id = id;
+  for (auto it = registry().begin(); it != registry().end();)  // forget mappings already gone
+    it = it->second.expired() ? registry().erase(it) : std::next(it);
+  registry()[id] = mapping;
+  out = std::move(mapping);
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<SharedSegment> SharedSegment::open(Store& store, const std::string& keyPrefix, int rank, int size,
+                                                   size_t slotBytes, double timeoutS, std::string* whyNot) {
+  auto refuse = [&](const std::string& reason) -> std::unique_ptr<SharedSegment> {
+    if (whyNot != nullptr) *whyNot = reason;
+    return nullptr;
+  };
+  if (slotBytes == 0) return refuse("disabled (SHOAL_SHM_MAX_BYTES=0)");
+  const Deadline deadline = deadlineAfter(timeoutS);
+  const std::string prefix = keyPrefix + "shm/";
+  const size_t bytes = segmentBytes(size, slotBytes);
+  store.set(prefix + "host/" + std::to_string(rank),
+            bytesOf(fmt::format("{} {}", static_cast<long>(getpid()), hostIdentity())));
+
+  // Rank 0 decides: "none <reason>" or "fd <pid> <fd> <pid of every rank...>".
+  std::shared_ptr<Mapping> mapping;
+  std::vector<long> pids(size, 0);
+  int ownFd = -1;
+  std::string decision;
+  if (rank == 0) {
+    const std::string identity = hostIdentity();
+    for (int peer = 0; peer < size && decision.empty(); ++peer) {
+      std::string value = text(store.get(prefix + "host/" + std::to_string(peer), deadline));
+      size_t space = value.find(' ');
+      if (space == std::string::npos || value.substr(space + 1) != identity)
+        decision = fmt::format("none rank {} is on another host (or PID/network namespace) than rank 0", peer);
+      else
+        pids[peer] = std::stol(value.substr(0, space));
+    }
+    if (decision.empty()) {
+      ownFd = memfd_create("shoal-shm", MFD_CLOEXEC);
+      if (ownFd < 0) {
+        decision = fmt::format("none memfd_create: {}", std::strerror(errno));
+      } else if (ftruncate(ownFd, static_cast<off_t>(bytes)) != 0) {
+        decision = fmt::format("none ftruncate to {} bytes: {}", bytes, std::strerror(errno));
+      } else if (std::string why = mapDescriptor(ownFd, bytes, mapping); !why.empty()) {
+        decision = "none rank 0: " + why;
+      } else {
+        auto* control = reinterpret_cast<Control*>(mapping->base);
+        control->magic = kMagic;
+        control->worldSize = static_cast<uint64_t>(size);
+        control->slotBytes = slotBytes;
+        decision = fmt::format("fd {} {}", static_cast<long>(getpid()), ownFd);
+        for (long pid : pids) decision += fmt::format(" {}", pid);
+      }
+    }
+    store.set(prefix + "decision", bytesOf(decision));
+  } else {
+    decision = text(store.get(prefix + "decision", deadline));
+  }
+  auto closeOwn = [&] {
+    if (ownFd >= 0) close(ownFd);
+    ownFd = -1;
+  };
+  if (decision.rfind("none ", 0) == 0) {
+    closeOwn();
+    return refuse(decision.substr(5));
+  }
+
+  // Every other rank maps rank 0's descriptor through /proc and says whether it could.
+  if (rank != 0) {
+    std::istringstream fields(decision.substr(3));
+    long ownerPid = 0;
+    int ownerFd = -1;
+    fields >> ownerPid >> ownerFd;
+    for (long& pid : pids) fields >> pid;
+    std::string path = fmt::format("/proc/{}/fd/{}", ownerPid, ownerFd);
+    std::string why;
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      why = fmt::format("open {}: {}", path, std::strerror(errno));
+    } else {
+      why = mapDescriptor(fd, bytes, mapping);
+      close(fd);
+    }
+    if (why.empty() && reinterpret_cast<Control*>(mapping->base)->magic != kMagic) why = "not a shoal segment";
+    store.set(prefix + "mapped/" + std::to_string(rank), bytesOf(why.empty() ? "ok" : "failed " + why));
+    std::string ready = text(store.get(prefix + "ready", deadline));
+    if (ready != "ok") return refuse(ready);
+  } else {
+    std::string ready = "ok";
+    for (int peer = 1; peer < size; ++peer) {
+      std::string value = text(store.get(prefix + "mapped/" + std::to_string(peer), deadline));
+      if (value != "ok" && ready == "ok") ready = fmt::format("rank {} could not map the segment: {}", peer, value.substr(7));
+    }
+    store.set(prefix + "ready", bytesOf(ready));
+    closeOwn();  // every rank has its mapping (or gave up): the memory lives as long as they do
+    if (ready != "ok") return refuse(ready);
+  }
+  const long self = getpid();
+  for (long& pid : pids)
+    if (pid == self) pid = 0;  // threads of this process: nothing to check
+  return std::unique_ptr<SharedSegment>(new SharedSegment(std::move(mapping), rank, size, slotBytes, std::move(pids)));
+}
+
+SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes,
+                             std::vector<long> pids)
+    : mapping_(std::move(mapping)), rank_(rank), size_(size), slotBytes_(slotBytes),
+      slotStride_(slotStrideFor(slotBytes)), pids_(std::move(pids)) {
+  // Spin a few microseconds (a peer that runs arrives within one or two),
+  // then yield: a rank that keeps spinning while its peer waits for a core
+  // (more ranks than cores, or a loaded machine) steals that core.
+  // A pause is about 30 ns on current x86 cores.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  spinPolls_ = static_cast<unsigned>(size_) > cores ? 16 : 256;
+}
+
+SharedSegment::~SharedSegment() = default;
+
+uint8_t* SharedSegment::slot(int rank, int parity) const {
+  return mapping_->base + slotsOffset(size_) + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
+}
+
+const uint8_t* SharedSegment::peerData(int rank) const {
+  return slot(rank, static_cast<int>(rounds_ & 1)) + kLine;
+}
+
+void SharedSegment::abort(const std::string& reason, shoal_status_t status) {
+  if (aborted_) return;
+  aborted_ = true;
+  // This rank's text is written once, before the word that publishes it.
+  char* textArea = reinterpret_cast<char*>(mapping_->base + abortTextOffset() + size_t(rank_) * kAbortTextBytes);
+  size_t length = std::min(reason.size(), kAbortTextBytes - 1);
+  std::memcpy(textArea, reason.data(), length);
+  textArea[length] = '\0';
+  uint64_t expected = 0;
+  uint64_t word = uint64_t(static_cast<uint32_t>(status)) << 32 | uint64_t(rank_ + 1);
+  atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord)
+      .compare_exchange_strong(expected, word, std::memory_order_release, std::memory_order_relaxed);
+}
+
+void SharedSegment::failFromAbortWord(uint64_t word) {
+  int sender = static_cast<int>(word & 0xffffffffu) - 1;
+  auto status = static_cast<shoal_status_t>(static_cast<int32_t>(word >> 32));
+  const char* reason =
+      reinterpret_cast<const char*>(mapping_->base + abortTextOffset() + size_t(sender) * kAbortTextBytes);
+  std::string why(reason, strnlen(reason, kAbortTextBytes));
+  aborted_ = true;  // the word is already set: nothing more to tell
+  if (status == SHOAL_ERR_MISMATCH) throw Error(SHOAL_ERR_MISMATCH, fmt::format("rank {} reports: {}", sender, why));
+  throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, why));
+}
+
+void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Transport& transport,
+                            Deadline deadline) {
+  auto* header = reinterpret_cast<SlotHeader*>(slot(peer, static_cast<int>(number & 1)));
+  auto flag = atomicAt(header->number);
+  auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
+  Clock::time_point nextLivenessCheck = Clock::now() + kLivenessPeriod;
+  // A failure seen while waiting counts only if the flag still has not come:
+  // a rank that was descheduled may find its peers already past this round
+  // and failed in a later call, and this round's data is complete.
+  auto arrived = [&] { return flag.load(std::memory_order_acquire) == number; };
+  for (long polls = 0;; ++polls) {
+    if (arrived()) return;
+    if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) {
+      if (arrived()) return;
+      failFromAbortWord(word);
+    }
+    if (polls < spinPolls_) {
+      cpuRelax();
+      continue;
+    }
+    sched_yield();
+    if (polls % 16 != 0) continue;
+    Clock::time_point now = Clock::now();
+    if (now > deadline && !arrived())
+      throw Error(SHOAL_ERR_TIMEOUT,
+                  fmt::format("rank {} timed out (SHOAL_TIMEOUT_S) waiting for rank {} in the shared-memory {}: is "
+                              "that rank alive and calling the same collective?",
+                              rank_, peer, round.what));
+    if (now >= nextLivenessCheck) {
+      nextLivenessCheck = now + kLivenessPeriod;
+      if (pids_[peer] != 0 && !processAlive(pids_[peer]) && !arrived())
+        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
+                                                  "complete the collective",
+                                                  peer, pids_[peer], rank_));
+      try {
+        transport.checkNotAborted();  // an abort notice that came the other way
+      } catch (const Error&) {
+        if (arrived()) return;  // the transport stays failed: the next call reports it
+        throw;
+      }
+    }
+  }
+}
+
+void SharedSegment::exchange(const Round& round, const void* data, size_t bytes, Transport& transport,
+                             Deadline deadline) {
+  if (aborted_) {
+    uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
+    if (word != 0) failFromAbortWord(word);
+  }
+  if (bytes > slotBytes_)
+    fail(SHOAL_ERR_INTERNAL, "shared-memory round of {} bytes exceeds the slot's {}", bytes, slotBytes_);
+  const uint64_t number = ++rounds_;
+  const int parity = static_cast<int>(number & 1);
+  uint8_t* mine = slot(rank_, parity);
+  auto* header = reinterpret_cast<SlotHeader*>(mine);
+  if (bytes > 0 && data != nullptr) std::memcpy(mine + kLine, data, bytes);
+  header->word = round.word;
+  header->count = round.count;
+  header->offset = round.offset;
+  header->bytes = bytes;
+  atomicAt(header->number).store(number, std::memory_order_release);
+  try {
+    for (int step = 1; step < size_; ++step) {
+      int peer = (rank_ + step) % size_;  // staggered: not every rank polls rank 0 first
+      waitFor(peer, number, round, transport, deadline);
+      const auto* theirs = reinterpret_cast<const SlotHeader*>(slot(peer, parity));
+      if (theirs->word != round.word)
+        throw Error(SHOAL_ERR_MISMATCH, describeSignatureMismatch(rank_, peer, round.word, theirs->word));
+      if (theirs->count != round.count || theirs->offset != round.offset || theirs->bytes != bytes)
+        throw Error(SHOAL_ERR_MISMATCH,
+                    fmt::format("ranks disagree on a call: in the shared-memory {}, rank {} has {} elements (this "
+                                "piece: {} bytes from element {}), rank {} has {} ({} bytes from element {}). Every "
+                                "rank must make the same calls in the same order with the same arguments",
+                                round.what, rank_, round.count, bytes, round.offset, peer, theirs->count,
+                                theirs->bytes, theirs->offset));
+    }
+  } catch (const Error& error) {
+    abort(error.what(), error.status());
+    throw;
+  }
+}
+
+}  // namespace shoal

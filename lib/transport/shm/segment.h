@@ -1,0 +1,87 @@
+// A shared-memory segment for the small collectives of a communicator whose
+// ranks all share one host: flags in shared memory instead of a rendezvous
+// (the model is Open MPI's sm/vader collectives and NCCL's LL protocol).
+//
+// Each rank owns two slots, one per parity of the round number: a header
+// (round number, the call's signature word, count, offset) and data. A round
+// is: write your data and header into your slot of this parity, release-store
+// the round number, then wait (acquire) until every rank's slot of this parity
+// shows the same round. Reading peers' slots afterwards is safe until round
+// + 2 overwrites them, and no rank can start round + 2 before every rank has
+// published round + 1, which each does only after it finished reading round:
+// so the next round's flags are the "done" flags, and a round costs one store
+// and N loads of a flag.
+//
+// Failure: a rank that gives up writes an abort word (and its reason) into the
+// segment so that the others fail at once; a peer whose process is gone, a
+// deadline that passes, or a peer's signature that differs is an error with
+// text on every rank, never a hang.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.h"
+#include "core/error.h"
+#include "transport/transport.h"
+
+namespace shoal {
+
+class SharedSegment {
+ public:
+  struct Mapping;  // the mapped memory, shared by the ranks of one process (segment.cc)
+
+  // Called by every rank of a communicator at init (after the transport
+  // connected, with the same store and key prefix). Returns the segment when
+  // every rank is on this host and could map it, else null with the reason in
+  // whyNot (the same answer on every rank: rank 0 decides through the store).
+  // slotBytes = 0 returns null ("disabled").
+  static std::unique_ptr<SharedSegment> open(Store& store, const std::string& keyPrefix, int rank, int size,
+                                             size_t slotBytes, double timeoutS, std::string* whyNot);
+  ~SharedSegment();
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slotBytes() const { return slotBytes_; }
+
+  // What every rank of one round declares; the signature word, count and
+  // offset must agree between ranks (else SHOAL_ERR_MISMATCH).
+  struct Round {
+    uint32_t word = 0;      // the call's signature (api/agree.h currentCallWord)
+    uint64_t count = 0;     // elements of the whole call
+    uint64_t offset = 0;    // first element of this round's piece
+    const char* what = "";  // for error text: "allreduce", "broadcast", "barrier"
+  };
+  // Publishes `bytes` of `data` (data may be null: a rank that only reads,
+  // still declaring the piece's size) and waits for every rank's slot of
+  // the same round. Afterwards peerData(r) is rank r's data of this round.
+  // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
+  void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, Deadline deadline);
+  const uint8_t* peerData(int rank) const;
+
+  // Tells every rank in (or entering) a round that this rank gave up. Idempotent.
+  void abort(const std::string& reason, shoal_status_t status);
+
+ private:
+  SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes, std::vector<long> pids);
+  void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, Deadline deadline);
+  [[noreturn]] void failFromAbortWord(uint64_t word);
+  uint8_t* slot(int rank, int parity) const;
+
+  std::shared_ptr<Mapping> mapping_;
+  int rank_;
+  int size_;
+  size_t slotBytes_;
+  size_t slotStride_;
+  std::vector<long> pids_;  // every rank's process (0 or this process: not checked)
+  uint64_t rounds_ = 0;     // rounds done on this communicator (the same count on every rank)
+  int spinPolls_;           // polls before a wait starts yielding its core
+  bool aborted_ = false;
+};
+
+}  // namespace shoal

@@ -1,0 +1,353 @@
+// The shared-memory path (lib/transport/shm, collectives/allreduce/shm.cc)
+// between real processes: the segment is mapped across processes, so each
+// job here forks its ranks (file:// store in a fresh folder). A rank reports
+// through its exit code and a text file; the parent checks every rank.
+//
+// Small slots (SHOAL_SHM_MAX_BYTES=1024) put the auto threshold, and the
+// pieces of a forced SHOAL_ALGO=shm call, within reach of small counts.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "../harness/dtype_model.h"
+#include "shoal/shoal.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using shoal::test::DType;
+
+constexpr size_t kSlotBytes = 1024;
+
+struct RankResult {
+  int exitCode = -1;  // -1: killed by the parent (hung)
+  std::string text;   // what the rank wrote
+};
+
+struct Job {
+  int size = 2;
+  double timeoutS = 30;
+  const char* algorithm = nullptr;                  // nullptr: auto
+  std::vector<std::pair<std::string, std::string>> env;  // set in every rank before init
+  double killAfterS = 120;                          // the parent's bound on the whole job
+};
+
+std::string jobFolderName() {
+  static int jobs = 0;
+  return "shoal-test-shm-" + std::to_string(getpid()) + "-" + std::to_string(jobs++);
+}
+
+// Runs body(rank, comm, out) in `size` forked processes; body returns the exit code.
+std::vector<RankResult> runJob(const Job& job,
+                               const std::function<int(int rank, shoal_comm_t comm, std::ostream& out)>& body) {
+  fs::path dir = fs::temp_directory_path() / jobFolderName();
+  fs::create_directories(dir / "store");
+  std::string store = "file://" + (dir / "store").string();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < job.size; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::ofstream out(dir / ("rank" + std::to_string(rank) + ".txt"));
+      setenv("SHOAL_SHM_MAX_BYTES", std::to_string(kSlotBytes).c_str(), 1);
+      for (const auto& [name, value] : job.env) setenv(name.c_str(), value.c_str(), 1);
+      shoal_config_t config = SHOAL_CONFIG_INIT;
+      config.rank = rank;
+      config.world_size = job.size;
+      config.store = store.c_str();
+      config.timeout_s = job.timeoutS;
+      config.algorithm = job.algorithm;
+      shoal_comm_t comm = nullptr;
+      int code;
+      if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) {
+        out << "init failed: " << shoal_last_error(nullptr) << "\n";
+        code = 2;
+      } else {
+        code = body(rank, comm, out);
+        shoal_comm_destroy(comm);
+      }
+      out.flush();
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankResult> results(job.size);
+  Clock::time_point giveUp = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(job.killAfterS));
+  for (int rank = 0; rank < job.size; ++rank) {
+    int status = 0;
+    while (waitpid(pids[rank], &status, WNOHANG) == 0) {
+      if (Clock::now() > giveUp) {
+        kill(pids[rank], SIGKILL);
+        waitpid(pids[rank], &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    results[rank].exitCode = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::ifstream in(dir / ("rank" + std::to_string(rank) + ".txt"));
+    std::stringstream text;
+    text << in.rdbuf();
+    results[rank].text = text.str();
+  }
+  fs::remove_all(dir);
+  return results;
+}
+
+std::string describe(const std::vector<RankResult>& results) {
+  std::string text;
+  for (size_t r = 0; r < results.size(); ++r)
+    text += "rank " + std::to_string(r) + " exit " + std::to_string(results[r].exitCode) + ": " + results[r].text + "\n";
+  return text;
+}
+
+bool isBitwise(shoal_op_t op) { return op == SHOAL_BAND || op == SHOAL_BOR || op == SHOAL_BXOR; }
+
+// Rank r's element i: small integers, so that every op's exact result is
+// representable in every dtype (avg: multiples of the rank count, so the
+// quotient is exact too).
+long double inputValue(const DType& t, shoal_op_t op, int rank, int size, size_t i) {
+  long double v;
+  if (op == SHOAL_PROD) v = 1 + (rank + i) % 2;  // products up to 2^5
+  else if (isBitwise(op)) v = static_cast<long double>((rank * 37 + i * 11) % 128);
+  else v = static_cast<long double>((rank * 5 + i * 3) % 4);
+  if (op == SHOAL_AVG) v *= size;
+  if ((op == SHOAL_MIN || op == SHOAL_MAX) && t.isSigned) v -= 2;
+  return v;
+}
+
+long double reduceValues(shoal_op_t op, long double a, long double b) {
+  switch (op) {
+    case SHOAL_SUM: case SHOAL_AVG: return a + b;
+    case SHOAL_PROD: return a * b;
+    case SHOAL_MIN: return std::min(a, b);
+    case SHOAL_MAX: return std::max(a, b);
+    case SHOAL_BAND: return static_cast<long double>(static_cast<int64_t>(a) & static_cast<int64_t>(b));
+    case SHOAL_BOR: return static_cast<long double>(static_cast<int64_t>(a) | static_cast<int64_t>(b));
+    default: return static_cast<long double>(static_cast<int64_t>(a) ^ static_cast<int64_t>(b));
+  }
+}
+
+void put(const DType& t, std::vector<uint8_t>& buffer, size_t i, long double v) {
+  uint64_t bits = t.isFloat ? shoal::test::encodeFloat(t, v) : static_cast<uint64_t>(static_cast<int64_t>(v)) & t.mask();
+  std::memcpy(buffer.data() + i * t.bytes, &bits, t.bytes);
+}
+
+// One allreduce of `count` elements checked against the model; "" or what went wrong.
+std::string checkedAllreduce(shoal_comm_t comm, int rank, int size, const DType& t, shoal_op_t op, size_t count) {
+  std::vector<uint8_t> input(count * t.bytes), expected(count * t.bytes), output(count * t.bytes, 0xee);
+  for (size_t i = 0; i < count; ++i) {
+    put(t, input, i, inputValue(t, op, rank, size, i));
+    long double folded = inputValue(t, op, 0, size, i);
+    for (int r = 1; r < size; ++r) folded = reduceValues(op, folded, inputValue(t, op, r, size, i));
+    if (op == SHOAL_AVG) folded /= size;
+    put(t, expected, i, folded);
+  }
+  bool inPlace = count % 2 == 1;  // both forms
+  if (inPlace) output = input;
+  shoal_status_t status =
+      shoal_allreduce(comm, inPlace ? output.data() : input.data(), output.data(), count, t.id, op);
+  if (status != SHOAL_OK)
+    return std::string("allreduce ") + t.name + " " + shoal_op_name(op) + " count " + std::to_string(count) +
+           " failed: " + shoal_last_error(comm);
+  if (output != expected)
+    return std::string("wrong result: ") + t.name + " " + shoal_op_name(op) + " count " + std::to_string(count);
+  return "";
+}
+
+int exactEverywhere(int rank, shoal_comm_t comm, std::ostream& out, int size) {
+  for (const DType& t : shoal::test::kDtypes) {
+    const size_t atThreshold = kSlotBytes / t.bytes;
+    for (int op = 0; op < SHOAL_OP_COUNT; ++op) {
+      if (isBitwise(static_cast<shoal_op_t>(op)) && t.isFloat) continue;
+      for (size_t count : {size_t(0), size_t(1), size_t(7), atThreshold - 1, atThreshold, atThreshold + 1,
+                           3 * atThreshold + 5}) {
+        std::string problem = checkedAllreduce(comm, rank, size, t, static_cast<shoal_op_t>(op), count);
+        if (!problem.empty()) {
+          out << problem << "\n";
+          return 5;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+class ShmExact : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(ShmExact, EveryDtypeOpAndSizeAroundTheSlot) {
+  auto [size, algorithm] = GetParam();
+  Job job;
+  job.size = size;
+  job.algorithm = algorithm;
+  auto results = runJob(job, [size = size](int rank, shoal_comm_t comm, std::ostream& out) {
+    return exactEverywhere(rank, comm, out, size);
+  });
+  for (const RankResult& result : results) EXPECT_EQ(result.exitCode, 0) << describe(results);
+}
+
+// auto: shm up to the slot, UCX above; shm forced: every size in pieces.
+INSTANTIATE_TEST_SUITE_P(Ranks, ShmExact,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Values("auto", "shm")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
+
+// A call whose arguments differ on one rank fails with MISMATCH on every rank.
+void expectMismatchEverywhere(const std::function<void(int rank, shoal_dtype_t& dtype, shoal_op_t& op, size_t& count)>&
+                                  vary) {
+  Job job;
+  job.size = 3;
+  auto results = runJob(job, [&](int rank, shoal_comm_t comm, std::ostream& out) {
+    shoal_dtype_t dtype = SHOAL_F32;
+    shoal_op_t op = SHOAL_SUM;
+    size_t count = 16;
+    vary(rank, dtype, op, count);
+    std::vector<uint8_t> data(count * 8, 0);
+    // One good call first: the segment works before the bad one. A rank
+    // still finishing it may already see its peers' abort (they moved on and
+    // failed): then the good call reports their MISMATCH (api/run.h).
+    float warm[4] = {1, 2, 3, 4};
+    shoal_status_t status = shoal_allreduce(comm, warm, warm, 4, SHOAL_F32, SHOAL_SUM);
+    if (status == SHOAL_OK && warm[0] != 3) {
+      out << "good call: wrong result\n";
+      return 6;
+    }
+    if (status == SHOAL_OK) status = shoal_allreduce(comm, data.data(), data.data(), count, dtype, op);
+    out << shoal_status_string(status) << " " << shoal_last_error(comm) << "\n";
+    return status == SHOAL_ERR_MISMATCH ? 0 : 7;
+  });
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exitCode, 0) << describe(results);
+    EXPECT_NE(result.text.find("disagree"), std::string::npos) << describe(results);
+  }
+}
+
+TEST(ShmMismatch, DtypeOnOneRank) {
+  expectMismatchEverywhere([](int rank, shoal_dtype_t& dtype, shoal_op_t&, size_t&) {
+    if (rank == 1) dtype = SHOAL_I32;
+  });
+}
+
+TEST(ShmMismatch, OpOnOneRank) {
+  expectMismatchEverywhere([](int rank, shoal_dtype_t&, shoal_op_t& op, size_t&) {
+    if (rank == 2) op = SHOAL_MAX;
+  });
+}
+
+TEST(ShmMismatch, CountOnOneRank) {
+  expectMismatchEverywhere([](int rank, shoal_dtype_t&, shoal_op_t&, size_t& count) {
+    if (rank == 0) count = 17;
+  });
+}
+
+// A rank SIGKILLed in the middle of a run of small allreduces: the others
+// fail within a fraction of the deadline, naming a dead or aborting rank.
+TEST(ShmFailure, KilledRankIsAnErrorOnTheOthersBeforeTheDeadline) {
+  Job job;
+  job.size = 3;
+  job.timeoutS = 60;
+  job.killAfterS = 90;
+  auto started = Clock::now();
+  auto results = runJob(job, [](int rank, shoal_comm_t comm, std::ostream& out) {
+    std::vector<float> data(32, 1.0f);
+    for (int i = 0;; ++i) {
+      if (rank == 2 && i == 200) raise(SIGKILL);
+      if (shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_MAX) != SHOAL_OK) {
+        out << "call " << i << ": " << shoal_last_error(comm) << "\n";
+        return 3;
+      }
+      if (i > 100000) return 4;  // never: rank 2 dies at 200
+    }
+  });
+  double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  EXPECT_EQ(results[2].exitCode, 128 + SIGKILL) << describe(results);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(results[rank].exitCode, 3) << describe(results);
+    EXPECT_TRUE(results[rank].text.find("exited or crashed") != std::string::npos ||
+                results[rank].text.find("aborted") != std::string::npos)
+        << describe(results);
+  }
+  EXPECT_LT(seconds, 20) << "the survivors waited for the deadline (60 s) instead of noticing the death";
+}
+
+// More calls than the transport's 12-bit sequence holds, small (shared
+// memory) interleaved with large (UCX) allreduces, broadcasts and barriers.
+TEST(ShmSequence, ThousandsOfCallsInterleavedWithLargeOnes) {
+  Job job;
+  job.size = 4;
+  job.killAfterS = 240;
+  auto results = runJob(job, [](int rank, shoal_comm_t comm, std::ostream& out) {
+    const int size = 4;
+    std::vector<uint32_t> small(8), large(64 * 1024);
+    for (int i = 0; i < 4500; ++i) {
+      for (size_t k = 0; k < small.size(); ++k) small[k] = static_cast<uint32_t>(rank + i + k);
+      if (shoal_allreduce(comm, small.data(), small.data(), small.size(), SHOAL_U32, SHOAL_SUM) != SHOAL_OK) {
+        out << "small " << i << ": " << shoal_last_error(comm) << "\n";
+        return 3;
+      }
+      for (size_t k = 0; k < small.size(); ++k)
+        if (small[k] != static_cast<uint32_t>(6 + size * (i + k))) {
+          out << "small " << i << " wrong\n";
+          return 5;
+        }
+      if (i % 97 == 0) {
+        for (size_t k = 0; k < large.size(); ++k) large[k] = static_cast<uint32_t>(rank * k + i);
+        if (shoal_allreduce(comm, large.data(), large.data(), large.size(), SHOAL_U32, SHOAL_SUM) != SHOAL_OK) {
+          out << "large " << i << ": " << shoal_last_error(comm) << "\n";
+          return 3;
+        }
+        for (size_t k = 0; k < large.size(); ++k)
+          if (large[k] != static_cast<uint32_t>(6 * k + size * i)) {
+            out << "large " << i << " wrong\n";
+            return 5;
+          }
+      }
+      if (i % 13 == 0) {
+        uint32_t value[3] = {0, 0, 0};
+        int root = i % size;
+        if (rank == root) value[0] = value[1] = value[2] = static_cast<uint32_t>(i);
+        if (shoal_broadcast(comm, value, value, 3, SHOAL_U32, root) != SHOAL_OK || shoal_barrier(comm) != SHOAL_OK) {
+          out << "broadcast/barrier " << i << ": " << shoal_last_error(comm) << "\n";
+          return 3;
+        }
+        if (value[0] != static_cast<uint32_t>(i) || value[2] != static_cast<uint32_t>(i)) {
+          out << "broadcast " << i << " wrong\n";
+          return 5;
+        }
+      }
+    }
+    return 0;
+  });
+  for (const RankResult& result : results) EXPECT_EQ(result.exitCode, 0) << describe(results);
+}
+
+// SHOAL_ALGO=shm where there is no segment is an error at init, with text.
+TEST(ShmRefusal, ForcedWithoutASegmentFailsAtInit) {
+  Job job;
+  job.size = 2;
+  job.algorithm = "shm";
+  job.env = {{"SHOAL_SHM_MAX_BYTES", "0"}};
+  auto results = runJob(job, [](int, shoal_comm_t, std::ostream&) { return 0; });
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exitCode, 2) << describe(results);
+    EXPECT_NE(result.text.find("SHOAL_ALGO=shm needs every rank on one host"), std::string::npos) << describe(results);
+  }
+}
+
+}  // namespace
