@@ -19,6 +19,7 @@
 #include "comm/agree.h"
 #include "api/checks.h"
 #include "comm/communicator.h"
+#include "api/enter.h"
 #include "api/export.h"
 #include "api/guard.h"
 #include "comm/call.h"
@@ -95,69 +96,63 @@ void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const L
 
 SHOAL_EXPORT shoal_status_t shoal_alltoall(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                            shoal_dtype_t dtype) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_alltoall";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      const size_t total = checkedByteCount(call, "count x world size", count, dtype, static_cast<size_t>(c.size));
-      checkBuffer(call, "sendbuf", sendbuf, total);
-      checkBuffer(call, "recvbuf", recvbuf, total);
-      checkNoPartialOverlap(call, sendbuf, total, recvbuf, total, sendbuf == recvbuf);
-      // Every rank receives from every other: a count that differs anywhere
-      // fails some receive on every rank, no closing round needed.
-      CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, "pairwise"));
-      Layout layout = uniformLayout(count * dtypeSize(dtype), c.size);
-      runAlltoallv(c, sequence, sendbuf, layout, recvbuf, layout, false);
-    });
+  return enter(comm, "shoal_alltoall", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    const size_t total = checkedByteCount(call, "count x world size", count, dtype, static_cast<size_t>(c.size));
+    checkBuffer(call, "sendbuf", sendbuf, total);
+    checkBuffer(call, "recvbuf", recvbuf, total);
+    checkNoPartialOverlap(call, sendbuf, total, recvbuf, total, sendbuf == recvbuf);
+    // Every rank receives from every other: a count that differs anywhere
+    // fails some receive on every rank, no closing round needed.
+    CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, "pairwise"));
+    Layout layout = uniformLayout(count * dtypeSize(dtype), c.size);
+    runAlltoallv(c, sequence, sendbuf, layout, recvbuf, layout, false);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_alltoallv(shoal_comm_t comm, const void* sendbuf, const size_t* sendcounts,
                                             const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                             const size_t* rdispls, shoal_dtype_t dtype) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_alltoallv";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      Layout send = layoutOf(call, "sendcounts", "sdispls", sendcounts, sdispls, c.size, dtype);
-      Layout recv = layoutOf(call, "recvcounts", "rdispls", recvcounts, rdispls, c.size, dtype);
-      if (send.bytes[c.rank] != recv.bytes[c.rank])
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts[{}] = {} differs from recvcounts[{}] = {}; a rank's block "
-             "to itself must have one size", call, c.rank, sendcounts[c.rank], c.rank, recvcounts[c.rank]);
-      checkBuffer(call, "sendbuf", sendbuf, send.end);
-      checkBuffer(call, "recvbuf", recvbuf, recv.end);
-      checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, recv.end, sendbuf == recvbuf);
-      CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, "pairwise"));
-      runAlltoallv(c, sequence, sendbuf, send, recvbuf, recv, true);
-    });
+  return enter(comm, "shoal_alltoallv", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    Layout send = layoutOf(call, "sendcounts", "sdispls", sendcounts, sdispls, c.size, dtype);
+    Layout recv = layoutOf(call, "recvcounts", "rdispls", recvcounts, rdispls, c.size, dtype);
+    if (send.bytes[c.rank] != recv.bytes[c.rank])
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts[{}] = {} differs from recvcounts[{}] = {}; a rank's block "
+           "to itself must have one size", call, c.rank, sendcounts[c.rank], c.rank, recvcounts[c.rank]);
+    checkBuffer(call, "sendbuf", sendbuf, send.end);
+    checkBuffer(call, "recvbuf", recvbuf, recv.end);
+    checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, recv.end, sendbuf == recvbuf);
+    CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, "pairwise"));
+    runAlltoallv(c, sequence, sendbuf, send, recvbuf, recv, true);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_reduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                          shoal_dtype_t dtype, shoal_op_t op, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_reduce";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtypeOp(call, dtype, op);
-      checkRoot(call, root, c.size);
-      const size_t bytes = checkedByteCount(call, "count", count, dtype);
-      checkBuffer(call, "sendbuf", sendbuf, bytes);
-      if (c.rank == root) {
-        checkBuffer(call, "recvbuf (on root)", recvbuf, bytes);
-        checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-      }
-      CallScope scope(c, signatureOf(CallKind::Reduce, dtype, op, count, root, "tree"));
-      Reducer reducer(dtype, op);
-      runCollective(c, sequence, [&](Context& context) {
-        barrierDissemination(context);  // the root and count reach every rank first (see the top)
-        reduceTree(context, sendbuf, recvbuf, count, reducer, root);
-      });
+  return enter(comm, "shoal_reduce", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtypeOp(call, dtype, op);
+    checkRoot(call, root, c.size);
+    const size_t bytes = checkedByteCount(call, "count", count, dtype);
+    checkBuffer(call, "sendbuf", sendbuf, bytes);
+    if (c.rank == root) {
+      checkBuffer(call, "recvbuf (on root)", recvbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+    }
+    CallScope scope(c, signatureOf(CallKind::Reduce, dtype, op, count, root, "tree"));
+    Reducer reducer(dtype, op);
+    runCollective(c, sequence, [&](Context& context) {
+      barrierDissemination(context);  // the root and count reach every rank first (see the top)
+      reduceTree(context, sendbuf, recvbuf, count, reducer, root);
     });
   });
 }
@@ -193,112 +188,104 @@ void runScatter(shoal_comm& c, uint64_t sequence, const void* sendbuf, const Lay
 
 SHOAL_EXPORT shoal_status_t shoal_gather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                                          shoal_dtype_t dtype, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_gather";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      checkRoot(call, root, c.size);
-      const size_t total = checkedByteCount(call, "sendcount x world size", sendcount, dtype, c.size);
-      const size_t bytes = total / c.size;
-      Layout recv = uniformLayout(bytes, c.size);
-      if (c.rank == root) {
-        checkBuffer(call, "recvbuf (on root)", recvbuf, total);
-        const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
-        if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
-        checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, total, sendbuf == inPlace);
-      } else {
-        checkBuffer(call, "sendbuf", sendbuf, bytes);
-      }
-      CallScope scope(c, signatureOf(CallKind::Gather, dtype, -1, sendcount, root, "linear"));
-      runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, false);
-    });
+  return enter(comm, "shoal_gather", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    checkRoot(call, root, c.size);
+    const size_t total = checkedByteCount(call, "sendcount x world size", sendcount, dtype, c.size);
+    const size_t bytes = total / c.size;
+    Layout recv = uniformLayout(bytes, c.size);
+    if (c.rank == root) {
+      checkBuffer(call, "recvbuf (on root)", recvbuf, total);
+      const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
+      if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, total, sendbuf == inPlace);
+    } else {
+      checkBuffer(call, "sendbuf", sendbuf, bytes);
+    }
+    CallScope scope(c, signatureOf(CallKind::Gather, dtype, -1, sendcount, root, "linear"));
+    runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, false);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_gatherv(shoal_comm_t comm, const void* sendbuf, size_t sendcount, void* recvbuf,
                                           const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype,
                                           int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_gatherv";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      checkRoot(call, root, c.size);
-      const size_t bytes = checkedByteCount(call, "sendcount", sendcount, dtype);
-      Layout recv;
-      if (c.rank == root) {
-        recv = layoutOf(call, "recvcounts", "displs", recvcounts, displs, c.size, dtype);
-        if (recv.bytes[root] != bytes)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {} on root; they must be "
-               "equal", call, sendcount, root, recvcounts[root]);
-        checkBuffer(call, "recvbuf (on root)", recvbuf, recv.end);
-        const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
-        if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
-        checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, recv.end, sendbuf == inPlace);
-      } else {
-        checkBuffer(call, "sendbuf", sendbuf, bytes);
-      }
-      CallScope scope(c, signatureOf(CallKind::Gatherv, dtype, -1, 0, root, "linear"));
-      runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, true);
-    });
+  return enter(comm, "shoal_gatherv", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    checkRoot(call, root, c.size);
+    const size_t bytes = checkedByteCount(call, "sendcount", sendcount, dtype);
+    Layout recv;
+    if (c.rank == root) {
+      recv = layoutOf(call, "recvcounts", "displs", recvcounts, displs, c.size, dtype);
+      if (recv.bytes[root] != bytes)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {} on root; they must be "
+             "equal", call, sendcount, root, recvcounts[root]);
+      checkBuffer(call, "recvbuf (on root)", recvbuf, recv.end);
+      const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
+      if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, recv.end, sendbuf == inPlace);
+    } else {
+      checkBuffer(call, "sendbuf", sendbuf, bytes);
+    }
+    CallScope scope(c, signatureOf(CallKind::Gatherv, dtype, -1, 0, root, "linear"));
+    runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, true);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_scatter(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
                                           shoal_dtype_t dtype, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_scatter";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      checkRoot(call, root, c.size);
-      const size_t total = checkedByteCount(call, "recvcount x world size", recvcount, dtype, c.size);
-      const size_t bytes = total / c.size;
-      Layout send = uniformLayout(bytes, c.size);
-      if (c.rank == root) {
-        checkBuffer(call, "sendbuf (on root)", sendbuf, total);
-        const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
-        if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
-        checkNoPartialOverlap(call, sendbuf, total, recvbuf, bytes, recvbuf == inPlace);
-      } else {
-        checkBuffer(call, "recvbuf", recvbuf, bytes);
-      }
-      CallScope scope(c, signatureOf(CallKind::Scatter, dtype, -1, recvcount, root, "linear"));
-      runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, false);
-    });
+  return enter(comm, "shoal_scatter", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    checkRoot(call, root, c.size);
+    const size_t total = checkedByteCount(call, "recvcount x world size", recvcount, dtype, c.size);
+    const size_t bytes = total / c.size;
+    Layout send = uniformLayout(bytes, c.size);
+    if (c.rank == root) {
+      checkBuffer(call, "sendbuf (on root)", sendbuf, total);
+      const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
+      if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, total, recvbuf, bytes, recvbuf == inPlace);
+    } else {
+      checkBuffer(call, "recvbuf", recvbuf, bytes);
+    }
+    CallScope scope(c, signatureOf(CallKind::Scatter, dtype, -1, recvcount, root, "linear"));
+    runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, false);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_scatterv(shoal_comm_t comm, const void* sendbuf, const size_t* sendcounts,
                                            const size_t* displs, void* recvbuf, size_t recvcount,
                                            shoal_dtype_t dtype, int root) {
-  return guarded(comm, [&] {
-    const char* call = "shoal_scatterv";
-    shoal_comm& c = usableComm(comm, call);
-    runtime::blockingCall(c, call, [&] {
-      const uint64_t sequence = c.sequence++;
-      checkDtype(call, dtype);
-      checkRoot(call, root, c.size);
-      const size_t bytes = checkedByteCount(call, "recvcount", recvcount, dtype);
-      Layout send;
-      if (c.rank == root) {
-        send = layoutOf(call, "sendcounts", "displs", sendcounts, displs, c.size, dtype);
-        if (send.bytes[root] != bytes)
-          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcount {} differs from sendcounts[{}] = {} on root; they must be "
-               "equal", call, recvcount, root, sendcounts[root]);
-        checkBuffer(call, "sendbuf (on root)", sendbuf, send.end);
-        const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
-        if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
-        checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, bytes, recvbuf == inPlace);
-      } else {
-        checkBuffer(call, "recvbuf", recvbuf, bytes);
-      }
-      CallScope scope(c, signatureOf(CallKind::Scatterv, dtype, -1, 0, root, "linear"));
-      runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, true);
-    });
+  return enter(comm, "shoal_scatterv", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const uint64_t sequence = thisCall.sequence();
+    checkDtype(call, dtype);
+    checkRoot(call, root, c.size);
+    const size_t bytes = checkedByteCount(call, "recvcount", recvcount, dtype);
+    Layout send;
+    if (c.rank == root) {
+      send = layoutOf(call, "sendcounts", "displs", sendcounts, displs, c.size, dtype);
+      if (send.bytes[root] != bytes)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcount {} differs from sendcounts[{}] = {} on root; they must be "
+             "equal", call, recvcount, root, sendcounts[root]);
+      checkBuffer(call, "sendbuf (on root)", sendbuf, send.end);
+      const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
+      if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
+      checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, bytes, recvbuf == inPlace);
+    } else {
+      checkBuffer(call, "recvbuf", recvbuf, bytes);
+    }
+    CallScope scope(c, signatureOf(CallKind::Scatterv, dtype, -1, 0, root, "linear"));
+    runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, true);
   });
 }

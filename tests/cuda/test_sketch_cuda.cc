@@ -108,7 +108,9 @@ TEST(SketchCuda, IndexStatsAndUnionMatchTheCpu) {
         if (b.words > 0) bloomMembers(hostWords.data(), count, b, members);
         else bitmapMembers(hostWords.data(), count, members);
         size_t u = 0;
-        ASSERT_EQ(gpu::countMembers(dWords.data, count, b, &u, nullptr), 0);
+        unsigned indexFlags = ~0u;
+        ASSERT_EQ(gpu::countMembers(dWords.data, count, b, &u, &indexFlags, nullptr), 0);
+        ASSERT_EQ(indexFlags, 0u) << "a valid index was flagged";
         ASSERT_EQ(u, members.size());
         DeviceVector<uint64_t> dMembers(std::max<size_t>(u, 1));
         ASSERT_EQ(gpu::listMembers(dWords.data, count, b, dMembers.data, nullptr), 0);
@@ -151,7 +153,9 @@ TEST(SketchCuda, EncodeScatterPeelDecodeMatchTheCpu) {
       std::vector<uint64_t> compact(size_t(K) * u, 0);
       for (size_t p = 0; p < u; ++p) addLimbs(x[members[p]], Q, L, K, compact.data() + p, u);
       DeviceVector<uint64_t> dCompact(size_t(K) * u);
-      ASSERT_EQ(gpu::encodeCompact(dx.data, dMembers.data, u, Q, L, K, dCompact.data, nullptr), 0);
+      DeviceVector<unsigned> dFlags(1);  // the encoders' refusal word: stays 0 for values within the scale
+      ASSERT_EQ(gpu::encodeCompact(dx.data, dMembers.data, u, Q, L, K, dCompact.data, dFlags.data, nullptr), 0);
+      ASSERT_EQ(dFlags.host()[0], 0u);
       ASSERT_EQ(dCompact.host(), compact);
       // scatter
       SketchGeometry g = sketchGeometry(uint64_t(std::ceil(cellsPerItem * double(u) / 3.0)), 1234);
@@ -160,7 +164,8 @@ TEST(SketchCuda, EncodeScatterPeelDecodeMatchTheCpu) {
       for (uint64_t i : members)
         for (int j = 0; j < 3; ++j) addLimbs(x[i], Q, L, K, sketch.data() + cellOf(i, g, j), cells);
       DeviceVector<uint64_t> dCells(size_t(K) * cells);
-      ASSERT_EQ(gpu::scatterSketch(dx.data, dMembers.data, u, g, Q, L, K, dCells.data, nullptr), 0);
+      ASSERT_EQ(gpu::scatterSketch(dx.data, dMembers.data, u, g, Q, L, K, dCells.data, dFlags.data, nullptr), 0);
+      ASSERT_EQ(dFlags.host()[0], 0u);
       ASSERT_EQ(dCells.host(), sketch);
       // peel
       std::vector<uint64_t> limbs;

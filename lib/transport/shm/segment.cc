@@ -1,4 +1,5 @@
 #include "transport/shm/segment.h"
+#include "transport/host.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -61,37 +62,6 @@ inline void cpuRelax() {
 #endif
 }
 
-// The same identity as the UCX transport's: host name, boot, PID and network
-// namespace. Ranks that share it share memory and see each other's /proc.
-std::string hostIdentity() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  std::string bootId;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
-  struct stat pidNamespace {}, netNamespace {};
-  stat("/proc/self/ns/pid", &pidNamespace);
-  stat("/proc/self/ns/net", &netNamespace);
-  return fmt::format("{}/{}/{}/{}", host, bootId, static_cast<unsigned long>(pidNamespace.st_ino),
-                     static_cast<unsigned long>(netNamespace.st_ino));
-}
-
-// False once the process has exited or is a zombie. Anything short of the
-// kernel saying so (no descriptors left, say) counts as alive: the deadline
-// still bounds the wait.
-bool processAlive(long pid) {
-  std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return !(errno == ENOENT || errno == ESRCH);
-  char text[512];
-  ssize_t n = read(fd, text, sizeof text - 1);
-  close(fd);
-  if (n <= 0) return n < 0 && errno != ESRCH;
-  std::string_view fields(text, static_cast<size_t>(n));
-  size_t paren = fields.rfind(')');
-  if (paren == std::string_view::npos || paren + 2 >= fields.size()) return true;
-  char state = fields[paren + 2];
-  return state != 'Z' && state != 'X';
-}
 
 std::string text(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
 Bytes bytesOf(const std::string& value) { return Bytes(value.begin(), value.end()); }

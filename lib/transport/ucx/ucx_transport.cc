@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "transport/host.h"
 #include "transport/transport.h"
 
 namespace shoal {
@@ -53,45 +54,6 @@ void checkUcs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) fail(SHOAL_ERR_SYSTEM, "UCX {} failed: {}", what, ucs_status_string(status));
 }
 
-// Identifies this host, PID namespace and network namespace: peers with the
-// same identity share memory and see each other's /proc entries. Ranks in
-// different network namespaces (emulated hosts, bench/netns) count as
-// different hosts, so their traffic crosses the emulated network.
-std::string hostIdentity() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  std::string bootId;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> bootId;
-  struct stat pidNamespace {}, netNamespace {};
-  stat("/proc/self/ns/pid", &pidNamespace);
-  stat("/proc/self/ns/net", &netNamespace);
-  return fmt::format("{}/{}/{}/{}", host, bootId, static_cast<unsigned long>(pidNamespace.st_ino),
-                     static_cast<unsigned long>(netNamespace.st_ino));
-}
-
-// False once the process has exited (gone, or a zombie not yet reaped). Only
-// an answer from the kernel counts as "gone": when this process cannot open
-// /proc/<pid>/stat for lack of descriptors (EMFILE, ENFILE: a flood of
-// connections, say) or memory, the peer is taken to be alive, and the
-// collective's deadline still bounds the wait.
-bool processAlive(long pid) {
-  std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT || errno == ESRCH) return false;
-    return !(kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
-  }
-  char text[512];
-  ssize_t n = read(fd, text, sizeof text - 1);
-  close(fd);
-  if (n <= 0) return n < 0 && errno != ESRCH;  // an exited process's stat reads empty or ESRCH
-  std::string_view fields(text, static_cast<size_t>(n));
-  // The command is in parentheses and may contain spaces: the state follows the last ')'.
-  size_t paren = fields.rfind(')');
-  if (paren == std::string_view::npos || paren + 2 >= fields.size()) return true;  // cut short: not proof of death
-  char stateChar = fields[paren + 2];
-  return stateChar != 'Z' && stateChar != 'X';
-}
 
 class UcxTransport final : public Transport {
  public:
