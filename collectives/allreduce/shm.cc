@@ -36,7 +36,7 @@ void allreduceShm(Context& context, void* recv, size_t count, const Reducer& red
   for (size_t first = 0; first < count; first += perRound) {
     const size_t n = std::min(perRound, count - first);
     uint8_t* piece = out + first * element;
-    shm.exchange({callWord(context), count, first, "allreduce"}, piece, n * element, context.transport,
+    shm.exchange({callWord(context), count, first, "allreduce", context.tagBase}, piece, n * element, context.transport,
                  context.deadline);
     if (context.size == 1) continue;  // the piece is already the result
     reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
@@ -51,14 +51,14 @@ void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
   const bool isRoot = context.rank == root;
   for (size_t first = 0; first < bytes; first += shm.slotBytes()) {
     const size_t n = std::min(shm.slotBytes(), bytes - first);
-    shm.exchange({callWord(context), bytes, first, "broadcast"}, isRoot ? data + first : nullptr, n,
+    shm.exchange({callWord(context), bytes, first, "broadcast", context.tagBase}, isRoot ? data + first : nullptr, n,
                  context.transport, context.deadline);
     if (!isRoot) std::memcpy(data + first, shm.peerData(root), n);
   }
 }
 
 void barrierShm(Context& context) {
-  segmentOf(context).exchange({callWord(context), 0, 0, "barrier"}, nullptr, 0, context.transport, context.deadline);
+  segmentOf(context).exchange({callWord(context), 0, 0, "barrier", context.tagBase}, nullptr, 0, context.transport, context.deadline);
 }
 
 }  // namespace shoal

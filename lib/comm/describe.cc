@@ -39,10 +39,13 @@ void describeCommunicator(shoal_comm& comm, const char* storeUrl) {
                  storeWhere(storeUrl), comm.timeoutS, comm.keyPrefix);
   const std::string spin = config::getString("SHOAL_SPIN_ROUNDS");
   if (comm.algorithm.empty() || comm.algorithm == "auto")
-    SHOAL_LOG_INFO("rank {}: allreduce algorithm auto: recursive doubling up to {} bytes (SHOAL_TREE_MAX_BYTES), the "
+    SHOAL_LOG_INFO("rank {}: allreduce algorithm auto: {}recursive doubling up to {} bytes (SHOAL_TREE_MAX_BYTES), the "
                    "ring above; broadcast tree up to {} bytes, chain above; segment {} bytes (SHOAL_SEGMENT_BYTES); "
                    "spin rounds {}",
-                   r, comm.treeMaxBytes, comm.treeMaxBytes, comm.segmentBytes, spin);
+                   r,
+                   comm.shm ? fmt::format("shared memory up to {} bytes (SHOAL_SHM_MAX_BYTES), then ", comm.shmMaxBytes)
+                            : std::string(),
+                   comm.treeMaxBytes, comm.treeMaxBytes, comm.segmentBytes, spin);
   else
     SHOAL_LOG_INFO("rank {}: allreduce algorithm {} for every size (SHOAL_ALGO); segment {} bytes "
                    "(SHOAL_SEGMENT_BYTES); spin rounds {}",

@@ -99,6 +99,12 @@ class Transport {
   // What the backend chose to reach `peer` (for diagnostics), e.g.
   // "shared memory (posix/memory, cma/memory), same host".
   virtual std::string describePeer(int peer) const { return peer == rank() ? "self" : "unknown"; }
+  // For algorithms that wait outside the transport (the shared-memory
+  // segment): throws SHOAL_ERR_MISMATCH when a peer's message of the call
+  // `tag` (its sequence number and signature, as passed to isend) waits with
+  // another signature, i.e. that peer makes another call (a compressed one,
+  // or one that took another algorithm). The transport's own waits probe so.
+  virtual void checkForOtherCalls(uint64_t tag) { (void)tag; }
 };
 
 struct TransportOptions {

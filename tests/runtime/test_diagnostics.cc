@@ -70,11 +70,15 @@ TEST(LogLevels, InfoOncePerCommunicatorDebugOncePerCall) {
                                     std::to_string(rank) + " of 2 on host "),
               2)
         << err;
-    EXPECT_EQ(countMatches(err, me + "allreduce algorithm auto: recursive doubling up to 65536 bytes"), 2) << err;
+    // Ranks that are threads of one process share a host: small allreduces take the shared segment.
+    EXPECT_EQ(countMatches(err, me + "allreduce algorithm auto: shared memory up to 65536 bytes \\(SHOAL_SHM_MAX_BYTES\\), "
+                                     "then recursive doubling up to 65536 bytes"),
+              2)
+        << err;
     EXPECT_EQ(countMatches(err, me + "compressor none \\(SHOAL_COMPRESSOR\\)"), 2) << err;
     EXPECT_EQ(countMatches(err, me + "peer " + std::to_string(1 - rank) + " via ucx \\S+"), 2) << err;
     const std::string debug = "DEBUG \\[pid \\d+\\] rank " + std::to_string(rank) + ": ";
-    EXPECT_EQ(countMatches(err, debug + "shoal_allreduce done: 4096 bytes, algorithm doubling, uncompressed, "), 2)
+    EXPECT_EQ(countMatches(err, debug + "shoal_allreduce done: 4096 bytes, algorithm shm, uncompressed, "), 2)
         << err;
     EXPECT_EQ(countMatches(err, debug + "shoal_allreduce_tensor done: 4096 bytes, algorithm compressed, compressor "
                                         "fp16: 4096 -> 2048 payload bytes in 1 round \\(ratio 0\\.500\\)"),
@@ -100,7 +104,7 @@ TEST(LogLevels, DebugOneLinePerAsyncRequest) {
   const std::string err = testing::internal::GetCapturedStderr();
   for (int rank = 0; rank < 2; ++rank)
     EXPECT_EQ(countMatches(err, "DEBUG \\[pid \\d+\\] rank " + std::to_string(rank) +
-                                    ": async allreduce 'grad.w' done: 4096 bytes, algorithm doubling, uncompressed\n"),
+                                    ": async allreduce 'grad.w' done: 4096 bytes, algorithm shm, uncompressed\n"),
               1)
         << err;
 }

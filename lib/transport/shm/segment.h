@@ -56,6 +56,7 @@ class SharedSegment {
     uint64_t count = 0;     // elements of the whole call
     uint64_t offset = 0;    // first element of this round's piece
     const char* what = "";  // for error text: "allreduce", "broadcast", "barrier"
+    uint64_t tag = 0;       // the call's transport tag: a peer in another call shows there (checkForOtherCalls)
   };
   // Publishes `bytes` of `data` (data may be null: a rank that only reads,
   // still declaring the piece's size) and waits for every rank's slot of

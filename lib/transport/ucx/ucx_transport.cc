@@ -92,6 +92,12 @@ class UcxTransport final : public Transport {
   std::optional<Error> takeAbortNotice();
   std::optional<Error> awaitAbortNotice(double seconds);
   void probeForOtherCalls(const Request* requests, size_t count);
+  void checkForOtherCalls(uint64_t tag) override {
+    ucp_worker_progress(worker_);  // what has arrived reaches the unexpected queue
+    Request pending;
+    pending.tag = tag;
+    probeForOtherCalls(&pending, 1);
+  }
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
