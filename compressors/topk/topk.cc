@@ -324,7 +324,7 @@ TensorState* stateFor(shoal_compress_op_t* op, int t, size_t count, const OpStat
   const size_t bytes = count * shoal_dtype_size(dtype);
   auto* state = static_cast<TensorState*>(*tensor.state);
   // Puts a fresh or loaded (host) state where the op's tensors are.
-  auto place = [&](TensorState* placed) -> bool {
+  auto place = [&]([[maybe_unused]] TensorState* placed) -> bool {  // used by the CUDA build
     if (!opState.onDevice) return true;
 #if SHOAL_WITH_CUDA
     if (const char* error = moveToDevice(placed, opState.device)) {
