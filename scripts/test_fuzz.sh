@@ -19,5 +19,6 @@ targets=$(cd tests/fuzz && ls fuzz_*.cc | sed 's|\.cc$||')
 cmake --build "$asan" -j "$(nproc)" --target $targets
 filter=()
 [ -n "${1:-}" ] && filter=(-R "$1")
-ctest --test-dir "$asan" --output-on-failure -j 1 -L fuzz "${filter[@]}"
+# One target per core: each is one single-threaded process bounded by -max_total_time.
+ctest --test-dir "$asan" --output-on-failure -j "$(nproc)" -L fuzz "${filter[@]}"
 echo "test_fuzz: $(echo "$targets" | wc -w) targets x ${seconds} s took $(($(date +%s) - begin)) s"

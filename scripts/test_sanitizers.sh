@@ -60,7 +60,7 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
   step "asan build" cmake --build "$asan" -j "$jobs"
   # install.* build consumers with the system compiler against the installed
   # library: meaningful in the main build (where they run), not here.
-  step "asan tests" ctest --test-dir "$asan" --output-on-failure --timeout 900 -j 1 \
+  step "asan tests" ctest --test-dir "$asan" --output-on-failure --timeout 900 -j "$jobs" \
     -L 'unit|collectives|compressors|runtime' -E "^install\.|$soak"
 fi
 
