@@ -12,7 +12,9 @@
 # host) and Open MPI forced onto TCP (--mca pml ob1 --mca btl tcp,self).
 #
 # Each configuration runs REPEATS times, interleaved (repeat loop outermost)
-# so that background noise spreads over all configurations; tables show
+# so that background noise spreads over all configurations, in an order that
+# rotates with the repeat and after a SETTLE_S pause (default 1 s) so that no
+# configuration always starts inside the previous one's teardown; tables show
 # medians. To bound the run time the sweep is split by size class, large
 # messages running fewer iterations (ITERS_SMALL/ITERS_MID/ITERS_LARGE,
 # "iters:warmup", sizes <= SMALL_MAX / <= MID_MAX / above).
@@ -36,6 +38,7 @@ build=1
 : "${ITERS_SMALL:=50:5}"    # sizes <= SMALL_MAX: latency-bound, cheap
 : "${ITERS_MID:=10:2}"      # sizes <= MID_MAX
 : "${ITERS_LARGE:=2:1}"     # bigger: ~1-2 s per 256 MiB iteration at N=4 on 2 cores
+: "${SETTLE_S:=1}"          # pause before each configuration (seconds)
 : "${SMALL_MAX:=256K}"
 : "${MID_MAX:=16M}"
 : "${RUN_TIMEOUT:=600}"     # seconds per benchmark invocation
@@ -190,29 +193,43 @@ mapfile -t segs < <(segments)
 echo "run.sh: sweep $minb..$maxb x$factor in ${#segs[@]} segment(s): ${segs[*]/%/;}"
 echo "run.sh: N = $nlist, repeats = $repeats, output $out"
 
+# One configuration of one segment. Before each, a pause lets the previous
+# job's processes finish exiting (mpirun's teardown overlapped the next
+# job's first sizes), and the order of configurations rotates with the repeat
+# so that no configuration always runs first after another's teardown.
+run_config() {  # config n rep seg
+  local config=$1 n=$2 rep=$3 k=$4
+  sleep "$SETTLE_S"
+  case "$config" in
+    shoal)
+      run_one "shoal" "$n" "$rep" "$k" shoal \
+        "$SHOAL_BIN/shoalrun" -np "$n" "$SHOAL_BIN/shoal-bench" allreduce -a 3 "${sweep[@]}" ;;
+    gloo:*)
+      run_one "gloo ${config#gloo:}" "$n" "$rep" "$k" peer run_gloo "${config#gloo:}" "$n" "${sweep[@]}" ;;
+    ompi_default)
+      run_one "ompi default" "$n" "$rep" "$k" peer \
+        "${mpirun_base[@]}" -np "$n" "$out/mpi_allreduce" "${sweep[@]}" ;;
+    ompi_tcp)
+      # pml ob1 is named too: with pml ucx (the upstream default where UCX
+      # is present) the btl list would be ignored.
+      run_one "ompi tcp" "$n" "$rep" "$k" peer \
+        "${mpirun_base[@]}" --mca pml ob1 --mca btl tcp,self -np "$n" \
+        "$out/mpi_allreduce" "${sweep[@]}" ;;
+  esac
+}
+configs=()
+((have_shoal)) && configs+=(shoal)
+if ((have_gloo)); then for a in $gloo_algos; do configs+=("gloo:$a"); done; fi
+((have_mpi)) && configs+=(ompi_default ompi_tcp)
+
 for ((rep = 1; rep <= repeats; rep++)); do
   for n in $nlist; do
     for ((k = 0; k < ${#segs[@]}; k++)); do
       read -r lo hi it wu <<<"${segs[$k]}"
       sweep=(-b "$lo" -e "$hi" -f "$factor" -n "$it" -w "$wu")
-      if ((have_shoal)); then
-        run_one "shoal" "$n" "$rep" "$k" shoal \
-          "$SHOAL_BIN/shoalrun" -np "$n" "$SHOAL_BIN/shoal-bench" allreduce -a 3 "${sweep[@]}"
-      fi
-      if ((have_gloo)); then
-        for a in $gloo_algos; do
-          run_one "gloo $a" "$n" "$rep" "$k" peer run_gloo "$a" "$n" "${sweep[@]}"
-        done
-      fi
-      if ((have_mpi)); then
-        run_one "ompi default" "$n" "$rep" "$k" peer \
-          "${mpirun_base[@]}" -np "$n" "$out/mpi_allreduce" "${sweep[@]}"
-        # pml ob1 is named too: with pml ucx (the upstream default where UCX
-        # is present) the btl list would be ignored.
-        run_one "ompi tcp" "$n" "$rep" "$k" peer \
-          "${mpirun_base[@]}" --mca pml ob1 --mca btl tcp,self -np "$n" \
-          "$out/mpi_allreduce" "${sweep[@]}"
-      fi
+      for ((c = 0; c < ${#configs[@]}; c++)); do
+        run_config "${configs[$(((c + rep - 1) % ${#configs[@]}))]}" "$n" "$rep" "$k"
+      done
     done
   done
 done
