@@ -97,7 +97,15 @@ void ForkedJob::start(int n, const Child& child) {
       dup2(fd, STDERR_FILENO);
       close(fd);
       close(nullFd);
-      int code = child(rank);
+      // An exception must not unwind into the copy of the test that the child is.
+      int code = kChildThrew;
+      try {
+        code = child(rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: the child threw: %s\n", rank, e.what());
+      } catch (...) {
+        std::fprintf(stderr, "rank %d: the child threw\n", rank);
+      }
       std::cout.flush();
       std::cerr.flush();
       std::fflush(nullptr);

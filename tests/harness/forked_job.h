@@ -22,6 +22,8 @@ int freeLoopbackPort();
 
 // exitCode of a child still running at the deadline (the job killed it).
 constexpr int kKilledAtDeadline = -1;
+// exitCode of a child whose function threw (250: it could not open its output).
+constexpr int kChildThrew = 252;
 
 struct ForkedRank {
   pid_t pid = -1;                    // while it runs; -1 once reaped
