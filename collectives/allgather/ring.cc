@@ -1,11 +1,13 @@
 // Ring allgather, pipelined.
 //
-// Rank r starts with its own block r in place. In step s (0 <= s < n-1) it
+// Rank r starts with its own block r in place (the index math is
+// collectives/common/ring.h). In step s (0 <= s < n-1) it
 // sends block (r-s) to its right neighbour and receives block (r-s-1) from its
 // left, straight into its final place. Every receive is posted up front (each
 // lands in a different place); a received segment is forwarded in the next
 // step at once, so segments stream around the ring.
 #include "collectives/collectives.h"
+#include "collectives/common/ring.h"
 
 namespace shoal {
 
@@ -16,8 +18,8 @@ void ringAllgather(Context& context, uint8_t* data, const Blocks& blocks) {
   const size_t segments = blocks.maxSegments();
   const uint64_t firstTag = context.reserveTags(static_cast<uint64_t>(steps) * segments);
   auto tagOf = [&](int step, size_t k) { return firstTag + static_cast<uint64_t>(step) * segments + k; };
-  auto blockSentIn = [&](int step) { return ((r - step) % n + n) % n; };
-  auto blockReceivedIn = [&](int step) { return ((r - step - 1) % n + n) % n; };
+  auto blockSentIn = [&](int step) { return ring::allgatherStep(r, n, step).sendBlock; };
+  auto blockReceivedIn = [&](int step) { return ring::allgatherStep(r, n, step).receiveBlock; };
 
   std::vector<std::vector<Transport::Request>> receives(steps);
   for (int step = 0; step < steps; ++step) {

@@ -1,5 +1,7 @@
 #include "collectives/common/context.h"
 
+#include "collectives/common/ring.h"
+
 namespace shoal {
 namespace {
 
@@ -21,12 +23,10 @@ Blocks splitEvenly(size_t count, size_t elementSize, int parts, size_t segmentBy
   Blocks blocks;
   blocks.offset.resize(parts);
   blocks.bytes.resize(parts);
-  size_t base = count / parts, extra = count % parts, offset = 0;
   for (int b = 0; b < parts; ++b) {
-    size_t elements = base + (static_cast<size_t>(b) < extra ? 1 : 0);
-    blocks.offset[b] = offset;
-    blocks.bytes[b] = elements * elementSize;
-    offset += blocks.bytes[b];
+    ring::Block block = ring::blockOf(count, parts, b);  // the device ring's split too
+    blocks.offset[b] = block.offset * elementSize;
+    blocks.bytes[b] = block.count * elementSize;
   }
   chooseSegment(blocks, elementSize, segmentBytes, tagsPerSegment);
   return blocks;

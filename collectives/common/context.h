@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/common/ring.h"
 #include "transport/transport.h"
 
 namespace shoal {
@@ -72,8 +73,8 @@ struct Context {
   void waitAll(std::vector<Transport::Request>& requests) {
     transport.waitAll(requests.data(), requests.size(), deadline);
   }
-  int left() const { return (rank + size - 1) % size; }
-  int right() const { return (rank + 1) % size; }
+  int left() const { return ring::leftOf(rank, size); }
+  int right() const { return ring::rightOf(rank, size); }
 };
 
 // A buffer split into one block per rank (byte offsets and lengths), each block

@@ -1,10 +1,11 @@
 // Ring reduce-scatter, pipelined.
 //
-// Vocabulary: the buffer has one *block* per rank; each block is cut into
-// *segments*. In step s (0 <= s < n-1) rank r sends block (r-s-1) to its right
-// neighbour and receives block (r-s-2) from its left, adding it into its own
-// copy. After n-1 steps block r has passed through every rank: it holds the
-// full reduction.
+// Vocabulary (the index math is collectives/common/ring.h): the buffer has one
+// *block* per rank; each block is cut into *segments*. In step s
+// (0 <= s < n-1) rank r sends block (r-s-1) to its right neighbour and
+// receives block (r-s-2) from its left, adding it into its own copy. After
+// n-1 steps block r has passed through every rank: it holds the full
+// reduction.
 //
 // Pipelining: the block received in step s is the block sent in step s+1, so
 // each segment is forwarded as soon as it has been added, while later segments
@@ -14,6 +15,7 @@
 // Out of place, this rank's contribution is read from `input` and every sum is
 // written to `data` (no copy of the input first); in place, input == data.
 #include "collectives/collectives.h"
+#include "collectives/common/ring.h"
 
 namespace shoal {
 
@@ -25,8 +27,8 @@ void ringReduceScatter(Context& context, const uint8_t* input, uint8_t* data, co
   const size_t segments = blocks.maxSegments();
   const uint64_t firstTag = context.reserveTags(static_cast<uint64_t>(steps) * segments);
   auto tagOf = [&](int step, size_t k) { return firstTag + static_cast<uint64_t>(step) * segments + k; };
-  auto blockSentIn = [&](int step) { return ((r - step - 1) % n + n) % n; };
-  auto blockReceivedIn = [&](int step) { return ((r - step - 2) % n + n) % n; };
+  auto blockSentIn = [&](int step) { return ring::reduceScatterStep(r, n, step).sendBlock; };
+  auto blockReceivedIn = [&](int step) { return ring::reduceScatterStep(r, n, step).receiveBlock; };
 
   uint8_t* scratch[2] = {context.scratch.get(0, blocks.maxBytes()), context.scratch.get(1, blocks.maxBytes())};
   std::vector<Transport::Request> receives[2];

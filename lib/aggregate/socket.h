@@ -1,14 +1,27 @@
-// Small blocking-with-deadline TCP helpers shared by the aggregation client
-// (lib/aggregate/client.cc) and the aggregator (tools/shoal-aggd).
+// TCP helpers of the aggregation client (lib/aggregate/client.cc) and the
+// aggregator (tools/shoal-aggd): endpoint lists, listening and connecting
+// with the aggregator's messages. The socket plumbing under them (deadline-
+// bounded reads and writes, poll timeouts, tokens) is the tcp store's, one
+// layer down (bootstrap/tcp/socket.h), named here for both users.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
+#include "bootstrap/tcp/socket.h"
 #include "core/error.h"
 
 namespace shoal::aggregate {
+
+using detail::tcp::errnoText;
+using detail::tcp::IoResult;
+using detail::tcp::pollMsUntil;
+using detail::tcp::readFull;
+using detail::tcp::sameToken;
+using detail::tcp::setNoDelay;
+using detail::tcp::setNonBlocking;
+using detail::tcp::writeFull;
 
 struct Endpoint {
   std::string host;
@@ -27,20 +40,5 @@ int listenTcp(const Endpoint& where, int* boundPort);
 // Connects, retrying refused connections until the deadline (an aggregator
 // that is still starting); Error with the reason once the deadline is past.
 int connectTcp(const Endpoint& where, Deadline deadline);
-
-enum class IoResult { kDone, kClosed, kTimedOut, kError };
-// Reads / writes exactly `bytes`, waiting in poll() at most until `deadline`
-// (Deadline::max(): no deadline). Works on blocking and non-blocking sockets.
-IoResult readFull(int fd, void* data, size_t bytes, Deadline deadline);
-IoResult writeFull(int fd, const void* data, size_t bytes, Deadline deadline);
-
-// Milliseconds until t for poll(), rounded up; 0 once passed, -1 for Deadline::max().
-int pollMsUntil(Deadline t);
-void setNoDelay(int fd);
-void setNonBlocking(int fd);
-std::string errnoText(int err);
-
-// Compares in time independent of where the tokens differ.
-bool sameToken(const std::string& a, const std::string& b);
 
 }  // namespace shoal::aggregate

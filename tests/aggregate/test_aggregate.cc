@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/forked_job.h"
 #include "harness/harness.h"
 #include "shoal/shoal.h"
 
@@ -373,62 +374,42 @@ TEST_F(Aggregate, StrangersAreDroppedAndServiceGoesOn) {
   }, options(10));
 }
 
-// A free TCP port on 127.0.0.1 (bound, read, released).
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 // Only rank 1 presents a wrong token (ranks are processes here, since the
 // token comes from each process's SHOAL_TOKEN): rank 1 is refused, and rank 0,
 // already waiting on the aggregator, fails through the abort well before its
 // deadline. Each child exits 0 when it saw what it should.
 TEST_F(Aggregate, OneRankWithAWrongTokenFailsEveryRankPromptly) {
   Daemon daemon;
-  const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(shoal::test::freeLoopbackPort());
   const double timeoutS = 20;
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("SHOAL_TOKEN", rank == 1 ? "a-wrong-token" : "aggregate-test-token", 1);
-      setenv("SHOAL_AGGREGATOR", daemon.url().c_str(), 1);
-      shoal_config_t config = SHOAL_CONFIG_INIT;
-      config.rank = rank;
-      config.world_size = 2;
-      config.store = store.c_str();
-      config.token = "the-store-token";
-      config.timeout_s = timeoutS;
-      config.algorithm = "aggregate";
-      shoal_comm_t comm = nullptr;
-      if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) _exit(10);
-      std::vector<float> data(1 << 20, 1.0f);
-      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 waits first
-      auto begin = std::chrono::steady_clock::now();
-      shoal_status_t status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
-      Seconds took = std::chrono::steady_clock::now() - begin;
-      std::string text = shoal_last_error(comm);
-      std::fprintf(stderr, "rank %d: status %d after %.2f s: %s\n", rank, status, took.count(), text.c_str());
-      if (status == SHOAL_OK) _exit(11);
-      if (took.count() > timeoutS / 2) _exit(12);
-      if (rank == 1 && text.find("wrong job token") == std::string::npos) _exit(13);
-      _exit(0);
-    }
-    children.push_back(pid);
-  }
-  for (int rank = 0; rank < 2; ++rank) {
-    int status = 0;
-    waitpid(children[rank], &status, 0);
-    EXPECT_TRUE(WIFEXITED(status)) << "rank " << rank;
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " (10 init, 11 succeeded, 12 too slow, 13 wrong text)";
-  }
+  shoal::test::ForkedJob job("aggregate");
+  std::vector<shoal::test::ForkedRank>& ranks = job.run(2, [&](int rank) -> int {
+    setenv("SHOAL_TOKEN", rank == 1 ? "a-wrong-token" : "aggregate-test-token", 1);
+    setenv("SHOAL_AGGREGATOR", daemon.url().c_str(), 1);
+    shoal_config_t config = SHOAL_CONFIG_INIT;
+    config.rank = rank;
+    config.world_size = 2;
+    config.store = store.c_str();
+    config.token = "the-store-token";
+    config.timeout_s = timeoutS;
+    config.algorithm = "aggregate";
+    shoal_comm_t comm = nullptr;
+    if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) _exit(10);
+    std::vector<float> data(1 << 20, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 waits first
+    auto begin = std::chrono::steady_clock::now();
+    shoal_status_t status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
+    Seconds took = std::chrono::steady_clock::now() - begin;
+    std::string text = shoal_last_error(comm);
+    std::fprintf(stderr, "rank %d: status %d after %.2f s: %s\n", rank, status, took.count(), text.c_str());
+    if (status == SHOAL_OK) _exit(11);
+    if (took.count() > timeoutS / 2) _exit(12);
+    if (rank == 1 && text.find("wrong job token") == std::string::npos) _exit(13);
+    _exit(0);
+  }, 3 * timeoutS);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(ranks[rank].exitCode, 0) << "rank " << rank << " (10 init, 11 succeeded, 12 too slow, 13 wrong text, "
+                                       << "-1 still running at the deadline, 128+ a signal)\n" << shoal::test::describe(ranks);
 }
 
 // The async runtime's fused allreduces go through the aggregator too (its

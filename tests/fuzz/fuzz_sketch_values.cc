@@ -1,39 +1,9 @@
-// Fuzzes the sketch compressor's decode of the values rounds (compact limbs, count-sketch cells, dense f32, specials, leftovers): the
-// delivered payloads of those rounds are replaced by fuzzer bytes after an
-// honest start (header: options, count, world size, input seed; see
-// fuzz_common.h). Any outcome but a crash, a sanitizer report or an error
-// without text is fine: corrupted payloads may decode to garbage, the same
-// on every rank.
-#include "fuzz_common.h"
+// Fuzzes the sketch compressor's decode of the values rounds (compact limbs,
+// count-sketch cells, dense f32, specials, leftovers): the delivered payloads
+// of rounds 1 and later are replaced by fuzzer bytes after an honest start
+// (fuzz_sketch.h).
+#include "fuzz_sketch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace shoal::fuzz;
-  if (size < 4) return 0;
-  static const std::vector<std::pair<std::string, std::string>> kOptions[] = {
-      {},
-      {{"values", "sketch"}},
-      {{"values", "compact"}},
-      {{"values", "dense"}},
-      {{"ratio", "2"}},
-      {{"index", "bloom"}, {"expected_density", "0.05"}},
-      {{"values", "sketch"}, {"cells", "f32"}},
-  };
-  const auto& options = kOptions[data[0] % (sizeof kOptions / sizeof kOptions[0])];
-  const size_t count = 1 + size_t(data[1]) * 3;
-  const int world = 2 + data[2] % 3;
-  const uint64_t seed = data[3];
-  const int spread = (data[3] & 0x30) == 0 ? 150 : 20;
-  const bool specials = (data[3] & 0x40) != 0;
-  PayloadFeeder feeder(data, size, 4);
-  Lockstep run(shoal::compressors::sketch(), world);
-  if (run.create(options) != SHOAL_OK) return 0;
-  if (run.start({{SHOAL_F32, {int64_t(count)}, ""}}, SHOAL_SUM, 0, [&](int r, int, void* x) {
-        for (size_t i = 0; i < count; ++i) static_cast<float*>(x)[i] = seededValue(seed, r, i, spread, specials);
-      }) != SHOAL_OK)
-    return 0;
-  const shoal_status_t status = run.run([&](Delivered& d) {
-    if (d.round >= 1) feeder.feed(d.bytes);
-  });
-  requireText(run, status);
-  return 0;
+  return shoal::fuzz::fuzzSketchRounds(data, size, [](int round) { return round >= 1; });
 }

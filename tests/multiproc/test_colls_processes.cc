@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/forked_job.h"
 #include "shoal/shoal.h"
 
 namespace {
@@ -54,40 +55,30 @@ TEST(CollsProcesses, BenchValuesExactOnThreeProcesses) {
 using Step = shoal_status_t (*)(shoal_comm_t comm, int rank, int n);
 
 std::vector<int> deathDuring(int n, int victim, Step step) {
-  const fs::path dir = fs::temp_directory_path() / ("shoal_colls_" + std::to_string(getpid()) + "_" +
-                                                    std::to_string(Clock::now().time_since_epoch().count()));
-  fs::create_directories(dir);
-  const std::string store = "file://" + dir.string();
+  shoal::test::ForkedJob job("colls");
+  fs::create_directories(job.dir() / "store");
+  const std::string store = "file://" + (job.dir() / "store").string();
   constexpr double kTimeoutS = 4;
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < n; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      shoal_config_t config = SHOAL_CONFIG_INIT;
-      config.rank = rank;
-      config.world_size = n;
-      config.store = store.c_str();
-      config.timeout_s = kTimeoutS;
-      shoal_comm_t comm = nullptr;
-      if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) _exit(3);
-      for (int i = 0;; ++i) {
-        if (rank == victim && i == 3) _exit(9);  // no goodbye: as a crash
-        auto start = Clock::now();
-        shoal_status_t status = step(comm, rank, n);
-        double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        if (status != SHOAL_OK) _exit(seconds < kTimeoutS + 4 ? 0 : 2);
-        if (i > 1000) _exit(1);
-      }
+  constexpr double kJobDeadlineS = 60;  // then the job kills what is left (exit code -1)
+  std::vector<shoal::test::ForkedRank>& ranks = job.run(n, [&](int rank) -> int {
+    shoal_config_t config = SHOAL_CONFIG_INIT;
+    config.rank = rank;
+    config.world_size = n;
+    config.store = store.c_str();
+    config.timeout_s = kTimeoutS;
+    shoal_comm_t comm = nullptr;
+    if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) _exit(3);
+    for (int i = 0;; ++i) {
+      if (rank == victim && i == 3) _exit(9);  // no goodbye: as a crash
+      auto start = Clock::now();
+      shoal_status_t status = step(comm, rank, n);
+      double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (status != SHOAL_OK) _exit(seconds < kTimeoutS + 4 ? 0 : 2);
+      if (i > 1000) _exit(1);
     }
-    children.push_back(pid);
-  }
+  }, kJobDeadlineS);
   std::vector<int> codes(n, -1);
-  for (int rank = 0; rank < n; ++rank) {
-    int status = 0;
-    waitpid(children[rank], &status, 0);
-    codes[rank] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-  }
-  fs::remove_all(dir);
+  for (int rank = 0; rank < n; ++rank) codes[rank] = ranks[rank].exitCode;
   return codes;
 }
 
@@ -107,15 +98,15 @@ shoal_status_t ringStep(shoal_comm_t comm, int rank, int n) {
 TEST(CollsProcesses, DeadRankDuringAlltoall) {
   std::vector<int> codes = deathDuring(3, 1, alltoallStep);
   EXPECT_EQ(codes[1], 9);
-  EXPECT_EQ(codes[0], 0) << "rank 0: 1 = kept succeeding, 2 = error too late, 3 = init failed";
-  EXPECT_EQ(codes[2], 0) << "rank 2: 1 = kept succeeding, 2 = error too late, 3 = init failed";
+  EXPECT_EQ(codes[0], 0) << "rank 0: 1 = kept succeeding, 2 = error too late, 3 = init failed, -1 = still running at the deadline";
+  EXPECT_EQ(codes[2], 0) << "rank 2: 1 = kept succeeding, 2 = error too late, 3 = init failed, -1 = still running at the deadline";
 }
 
 TEST(CollsProcesses, DeadRankDuringSendRecvRing) {
   std::vector<int> codes = deathDuring(3, 2, ringStep);
   EXPECT_EQ(codes[2], 9);
-  EXPECT_EQ(codes[0], 0) << "rank 0: 1 = kept succeeding, 2 = error too late, 3 = init failed";
-  EXPECT_EQ(codes[1], 0) << "rank 1: 1 = kept succeeding, 2 = error too late, 3 = init failed";
+  EXPECT_EQ(codes[0], 0) << "rank 0: 1 = kept succeeding, 2 = error too late, 3 = init failed, -1 = still running at the deadline";
+  EXPECT_EQ(codes[1], 0) << "rank 1: 1 = kept succeeding, 2 = error too late, 3 = init failed, -1 = still running at the deadline";
 }
 
 }  // namespace

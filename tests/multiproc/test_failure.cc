@@ -3,36 +3,25 @@
 // first failure). A rank that dies or stalls mid-allreduce must turn into an
 // error on every survivor within SHOAL_TIMEOUT_S (+ slack), naming the rank;
 // and a healthy job gets exact results.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
-#include <iostream>
-
 #include <gtest/gtest.h>
 
-namespace {
+#include "harness/forked_job.h"
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+namespace {
 
 const char kWorker[] = SHOAL_BIN_DIR "/rank_worker";
 
@@ -41,29 +30,10 @@ constexpr int kExitOk = 0;
 constexpr int kExitShoalError = 3;
 constexpr int kExitHung = 4;
 constexpr int kExitDiedOnPurpose = 9;
-constexpr int kKilledByTest = -1;  // still running at the deadline
+constexpr int kKilledByTest = shoal::test::kKilledAtDeadline;  // still running at the deadline
 
-struct Rank {
-  pid_t pid = -1;
-  int exitCode = kKilledByTest;  // 128 + signal when it died from a signal
-  double seconds = 0;            // from the start of the job to its exit
-  std::string output;            // stdout and stderr
-};
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
+using Rank = shoal::test::ForkedRank;  // pid, exitCode (128 + signal; -1 killed at the deadline), seconds, output
+using shoal::test::describe;
 
 std::string randomToken() {
   std::random_device device;
@@ -72,114 +42,46 @@ std::string randomToken() {
   return out.str();
 }
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string describe(const std::vector<Rank>& ranks) {
-  std::ostringstream out;
-  for (size_t r = 0; r < ranks.size(); ++r)
-    out << "--- rank " << r << ": exit " << ranks[r].exitCode << " after " << ranks[r].seconds << " s\n"
-        << ranks[r].output;
-  return out.str();
-}
-
 class MultiProcess : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(access(kWorker, X_OK), 0) << kWorker << " is missing: build the rank_worker target";
-    std::string pattern = (fs::temp_directory_path() / "shoal_failure_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
-    dir_ = pattern;
   }
   std::string launcher_ = "shoalrun";  // which launcher's rank variables the workers get
-
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
 
   // Starts n workers with `args`, waits until all exit or `deadlineS` passes
   // (then kills the rest), and returns what each did. `onExit` may kill ranks
   // once a given rank has exited (used to stop a stalled rank).
   std::vector<Rank> runJob(int n, const std::vector<std::string>& args, double timeoutS, double deadlineS,
                            const std::function<void(std::vector<Rank>&, int exited)>& onExit = nullptr) {
-    std::vector<Rank> ranks(n);
-    const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
+    shoal::test::ForkedJob job("failure");
+    const std::string store = "tcp://127.0.0.1:" + std::to_string(shoal::test::freeLoopbackPort());
     const std::string token = randomToken();
-    const auto start = Clock::now();
-    for (int rank = 0; rank < n; ++rank) {
-      fs::path outPath = dir_ / ("rank" + std::to_string(rank) + ".out");
-      pid_t pid = fork();
-      if (pid == 0) {
-        int fd = open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int nullFd = open("/dev/null", O_RDONLY);
-        if (fd < 0 || nullFd < 0) _exit(250);
-        dup2(nullFd, STDIN_FILENO);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        // Rank and size as shoalrun, mpirun or srun would set them.
-        const char* rankVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_RANK"
-                              : launcher_ == "srun" ? "SLURM_PROCID" : "SHOAL_RANK";
-        const char* sizeVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_SIZE"
-                              : launcher_ == "srun" ? "SLURM_NTASKS" : "SHOAL_WORLD_SIZE";
-        for (const char* name : {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                 "SLURM_PROCID", "SLURM_NTASKS"})
-          unsetenv(name);
-        setenv(rankVar, std::to_string(rank).c_str(), 1);
-        setenv(sizeVar, std::to_string(n).c_str(), 1);
-        setenv("SHOAL_STORE", store.c_str(), 1);
-        setenv("SHOAL_TOKEN", token.c_str(), 1);
-        char timeout[32];
-        std::snprintf(timeout, sizeof timeout, "%g", timeoutS);
-        setenv("SHOAL_TIMEOUT_S", timeout, 1);
-        unsetenv("SHOAL_ALGO");
-        std::vector<char*> argv;
-        argv.push_back(const_cast<char*>(kWorker));
-        for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-        argv.push_back(nullptr);
-        execv(kWorker, argv.data());
-        _exit(251);
-      }
-      ranks[rank].pid = pid;
-    }
-    int running = n;
-    while (running > 0) {
-      int status = 0;
-      pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid > 0) {
-        for (int rank = 0; rank < n; ++rank) {
-          if (ranks[rank].pid != pid) continue;
-          ranks[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          ranks[rank].seconds = std::chrono::duration<double>(Clock::now() - start).count();
-          ranks[rank].pid = -1;
-          --running;
-          if (onExit) onExit(ranks, rank);
-        }
-        continue;
-      }
-      if (std::chrono::duration<double>(Clock::now() - start).count() > deadlineS) {
-        for (Rank& rank : ranks)
-          if (rank.pid > 0) kill(rank.pid, SIGKILL);
-        for (Rank& rank : ranks)
-          if (rank.pid > 0) {
-            waitpid(rank.pid, nullptr, 0);
-            rank.exitCode = kKilledByTest;
-            rank.seconds = deadlineS;
-            rank.pid = -1;
-          }
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    for (int rank = 0; rank < n; ++rank) ranks[rank].output = readFile(dir_ / ("rank" + std::to_string(rank) + ".out"));
-    return ranks;
+    return job.run(n, [&](int rank) {
+      // Rank and size as shoalrun, mpirun or srun would set them.
+      const char* rankVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_RANK"
+                            : launcher_ == "srun" ? "SLURM_PROCID" : "SHOAL_RANK";
+      const char* sizeVar = launcher_ == "mpirun" ? "OMPI_COMM_WORLD_SIZE"
+                            : launcher_ == "srun" ? "SLURM_NTASKS" : "SHOAL_WORLD_SIZE";
+      for (const char* name : {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                               "SLURM_PROCID", "SLURM_NTASKS"})
+        unsetenv(name);
+      setenv(rankVar, std::to_string(rank).c_str(), 1);
+      setenv(sizeVar, std::to_string(n).c_str(), 1);
+      setenv("SHOAL_STORE", store.c_str(), 1);
+      setenv("SHOAL_TOKEN", token.c_str(), 1);
+      char timeout[32];
+      std::snprintf(timeout, sizeof timeout, "%g", timeoutS);
+      setenv("SHOAL_TIMEOUT_S", timeout, 1);
+      unsetenv("SHOAL_ALGO");
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(kWorker));
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      execv(kWorker, argv.data());
+      return 251;
+    }, deadlineS, onExit);
   }
-
-  fs::path dir_;
 };
 
 // The survivors' output names the failed rank ("rank R" as a whole word).

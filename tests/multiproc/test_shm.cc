@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "../harness/dtype_model.h"
+#include "harness/forked_job.h"
 #include "shoal/shoal.h"
 
 namespace {
@@ -47,65 +48,40 @@ struct Job {
   double killAfterS = 120;                          // the parent's bound on the whole job
 };
 
-std::string jobFolderName() {
-  static int jobs = 0;
-  return "shoal-test-shm-" + std::to_string(getpid()) + "-" + std::to_string(jobs++);
-}
-
 // Runs body(rank, comm, out) in `size` forked processes; body returns the exit code.
 std::vector<RankResult> runJob(const Job& job,
                                const std::function<int(int rank, shoal_comm_t comm, std::ostream& out)>& body) {
-  fs::path dir = fs::temp_directory_path() / jobFolderName();
+  shoal::test::ForkedJob forked("shm");
+  const fs::path dir = forked.dir();
   fs::create_directories(dir / "store");
   std::string store = "file://" + (dir / "store").string();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < job.size; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::ofstream out(dir / ("rank" + std::to_string(rank) + ".txt"));
-      setenv("SHOAL_SHM_MAX_BYTES", std::to_string(kSlotBytes).c_str(), 1);
-      for (const auto& [name, value] : job.env) setenv(name.c_str(), value.c_str(), 1);
-      shoal_config_t config = SHOAL_CONFIG_INIT;
-      config.rank = rank;
-      config.world_size = job.size;
-      config.store = store.c_str();
-      config.timeout_s = job.timeoutS;
-      config.algorithm = job.algorithm;
-      shoal_comm_t comm = nullptr;
-      int code;
-      if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) {
-        out << "init failed: " << shoal_last_error(nullptr) << "\n";
-        code = 2;
-      } else {
-        code = body(rank, comm, out);
-        shoal_comm_destroy(comm);
-      }
-      out.flush();
-      _exit(code);
+  std::vector<shoal::test::ForkedRank>& ranks = forked.run(job.size, [&](int rank) {
+    std::ofstream out(dir / ("rank" + std::to_string(rank) + ".txt"));
+    setenv("SHOAL_SHM_MAX_BYTES", std::to_string(kSlotBytes).c_str(), 1);
+    for (const auto& [name, value] : job.env) setenv(name.c_str(), value.c_str(), 1);
+    shoal_config_t config = SHOAL_CONFIG_INIT;
+    config.rank = rank;
+    config.world_size = job.size;
+    config.store = store.c_str();
+    config.timeout_s = job.timeoutS;
+    config.algorithm = job.algorithm;
+    shoal_comm_t comm = nullptr;
+    int code;
+    if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) {
+      out << "init failed: " << shoal_last_error(nullptr) << "\n";
+      code = 2;
+    } else {
+      code = body(rank, comm, out);
+      shoal_comm_destroy(comm);
     }
-    pids.push_back(pid);
-  }
+    out.flush();
+    return code;
+  }, job.killAfterS);
   std::vector<RankResult> results(job.size);
-  Clock::time_point giveUp = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                std::chrono::duration<double>(job.killAfterS));
   for (int rank = 0; rank < job.size; ++rank) {
-    int status = 0;
-    while (waitpid(pids[rank], &status, WNOHANG) == 0) {
-      if (Clock::now() > giveUp) {
-        kill(pids[rank], SIGKILL);
-        waitpid(pids[rank], &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    results[rank].exitCode = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::ifstream in(dir / ("rank" + std::to_string(rank) + ".txt"));
-    std::stringstream text;
-    text << in.rdbuf();
-    results[rank].text = text.str();
+    results[rank].exitCode = ranks[rank].exitCode;
+    results[rank].text = shoal::test::readWholeFile(dir / ("rank" + std::to_string(rank) + ".txt"));
   }
-  fs::remove_all(dir);
   return results;
 }
 

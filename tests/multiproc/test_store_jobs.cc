@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <random>
 #include <regex>
@@ -30,6 +31,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "harness/forked_job.h"
 
 namespace {
 
@@ -41,20 +44,6 @@ const char kWorker[] = SHOAL_BIN_DIR "/rank_worker";
 const char kShoalrun[] = SHOAL_BIN_DIR "/shoalrun";
 
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
 
 int connectLoopback(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -83,87 +72,54 @@ bool portFree(int port) {
   return free;
 }
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct Rank {
-  pid_t pid = -1;
-  int exitCode = -1;  // -1: killed at the test's deadline; 128 + signal for a signal
-  std::string output;
-};
+using shoal::test::freeLoopbackPort;
+using Rank = shoal::test::ForkedRank;  // exitCode -1: killed at the test's deadline; 128 + signal for a signal
 
 class StoreJobs : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(access(kWorker, X_OK), 0) << kWorker << " is missing: build the rank_worker target";
-    std::string pattern = (fs::temp_directory_path() / "shoal_store_jobs_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    port_ = freePort();
+    job_ = std::make_unique<shoal::test::ForkedJob>("store_jobs");  // its folder also holds file:// stores
+    dir_ = job_->dir();
+    port_ = freeLoopbackPort();
     token_ = std::to_string(std::random_device()()) + std::to_string(std::random_device()());
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { job_.reset(); }
 
   // Starts n workers; env(rank) gives each one's variables (on top of a clean launcher environment).
   std::vector<Rank> start(int n, const std::vector<std::string>& args, const std::function<Env(int)>& env) {
-    std::vector<Rank> ranks(n);
-    for (int rank = 0; rank < n; ++rank) {
-      fs::path out = dir_ / ("rank" + std::to_string(rank) + ".out");
+    job_->start(n, [&](int rank) {
       Env vars = env(rank);
-      pid_t pid = fork();
-      if (pid == 0) {
-        int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        for (const char* name : {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "SHOAL_STORE", "SHOAL_TOKEN", "RANK", "WORLD_SIZE",
-                                 "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                 "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SHOAL_ALGO"})
-          unsetenv(name);
-        setenv("SHOAL_TIMEOUT_S", "30", 1);
-        for (auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
-        // The default descriptor limit, whatever this test raised its own to.
-        rlimit limit{1024, 1024};
-        getrlimit(RLIMIT_NOFILE, &limit);
-        limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 1024);
-        setrlimit(RLIMIT_NOFILE, &limit);
-        std::vector<char*> argv{const_cast<char*>(kWorker)};
-        for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-        argv.push_back(nullptr);
-        execv(kWorker, argv.data());
-        _exit(251);
-      }
-      ranks[rank].pid = pid;
-    }
-    return ranks;
+      for (const char* name : {"SHOAL_RANK", "SHOAL_WORLD_SIZE", "SHOAL_STORE", "SHOAL_TOKEN", "RANK", "WORLD_SIZE",
+                               "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                               "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SHOAL_ALGO"})
+        unsetenv(name);
+      setenv("SHOAL_TIMEOUT_S", "30", 1);
+      for (auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
+      // The default descriptor limit, whatever this test raised its own to.
+      rlimit limit{1024, 1024};
+      getrlimit(RLIMIT_NOFILE, &limit);
+      limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 1024);
+      setrlimit(RLIMIT_NOFILE, &limit);
+      std::vector<char*> argv{const_cast<char*>(kWorker)};
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      execv(kWorker, argv.data());
+      return 251;
+    });
+    return job_->ranks();
   }
 
+  // Waits for the job start() began, at most deadlineS from its start, then kills what is left.
   std::vector<Rank>& finish(std::vector<Rank>& ranks, double deadlineS) {
-    Clock::time_point begin = Clock::now();
-    for (size_t rank = 0; rank < ranks.size(); ++rank) {
-      int status = 0;
-      while (waitpid(ranks[rank].pid, &status, WNOHANG) == 0) {
-        if (since(begin) > deadlineS) {
-          for (Rank& r : ranks) kill(r.pid, SIGKILL);
-          waitpid(ranks[rank].pid, &status, 0);
-          status = -1;
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      ranks[rank].exitCode = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      ranks[rank].output = readFile(dir_ / ("rank" + std::to_string(rank) + ".out"));
-    }
+    ranks = job_->finish(deadlineS);
     return ranks;
   }
 
   std::vector<Rank> run(int n, const std::vector<std::string>& args, const std::function<Env(int)>& env,
                         double deadlineS = 120) {
-    std::vector<Rank> ranks = start(n, args, env);
-    return finish(ranks, deadlineS);
+    start(n, args, env);
+    return job_->finish(deadlineS);
   }
 
   Env shoalEnv(int rank, int n) const {
@@ -171,16 +127,13 @@ class StoreJobs : public ::testing::Test {
             {"SHOAL_STORE", "tcp://127.0.0.1:" + std::to_string(port_)}, {"SHOAL_TOKEN", token_}};
   }
 
-  static std::string describe(const std::vector<Rank>& ranks) {
-    std::ostringstream out;
-    for (size_t r = 0; r < ranks.size(); ++r) out << "--- rank " << r << ": exit " << ranks[r].exitCode << "\n" << ranks[r].output;
-    return out.str();
-  }
+  static std::string describe(const std::vector<Rank>& ranks) { return shoal::test::describe(ranks); }
 
   static void expectAllOk(const std::vector<Rank>& ranks) {
     for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(ranks[r].exitCode, 0) << "rank " << r << "\n" << describe(ranks);
   }
 
+  std::unique_ptr<shoal::test::ForkedJob> job_;
   fs::path dir_;
   int port_ = -1;
   std::string token_;
@@ -264,7 +217,7 @@ TEST_F(StoreJobs, MpichAndPmixVariables) {
     return env;
   });
   expectAllOk(pmi);
-  port_ = freePort();
+  port_ = freeLoopbackPort();
   auto pmix = run(2, {"success"}, [&](int r) {
     Env env = shoalEnv(r, 2);
     env.erase("SHOAL_RANK");
@@ -318,7 +271,7 @@ TEST_F(StoreJobs, ALoopbackJobListensOnLoopbackOnly) {
   Clock::time_point begin = Clock::now();
   auto holding = [&] {
     for (size_t r = 0; r < ranks.size(); ++r)
-      if (readFile(dir_ / ("rank" + std::to_string(r) + ".out")).find("holding") == std::string::npos) return false;
+      if (job_->outputSoFar(static_cast<int>(r)).find("holding") == std::string::npos) return false;
     return true;
   };
   while (!holding() && since(begin) < 30) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/forked_job.h"
 #include "runtime/async_helpers.h"
 #include "shoal/shoal.h"
 
@@ -41,20 +42,6 @@ constexpr int kExitSawErrors = 3;    // every pending request failed, later ones
 constexpr int kExitAllSucceeded = 5; // the survivor never noticed
 constexpr int kExitPending = 6;      // a request was still pending at the deadline
 constexpr int kExitUsage = 2;
-
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
 
 // One rank: steps of 40 named tensors in a shuffled order; the victim dies
 // after submitting half of step 3's tensors.
@@ -134,66 +121,12 @@ int runRank(int rank, const std::string& store, int victim, bool bySignal) {
   return kExitAllSucceeded;
 }
 
-struct Outcome {
-  int exitCode = -1;
-  double seconds = 0;
-  std::string output;
-};
+using Outcome = ForkedRank;  // exitCode (128 + signal; -1 killed at the deadline), seconds, output
 
 std::vector<Outcome> runJob(int victim, bool bySignal) {
-  const fs::path dir = fs::temp_directory_path() / ("shoal_async_failure_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string store = "tcp://127.0.0.1:" + std::to_string(freePort());
-  std::vector<pid_t> pids(kWorld);
-  std::vector<Outcome> outcomes(kWorld);
-  const auto start = Clock::now();
-  for (int rank = 0; rank < kWorld; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int fd = open((dir / ("rank" + std::to_string(rank))).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      _exit(runRank(rank, store, victim, bySignal));
-    }
-    pids[rank] = pid;
-  }
-  int running = kWorld;
-  while (running > 0) {
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (int rank = 0; rank < kWorld; ++rank)
-        if (pids[rank] == pid) {
-          outcomes[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          outcomes[rank].seconds = std::chrono::duration<double>(Clock::now() - start).count();
-          pids[rank] = -1;
-          --running;
-        }
-      continue;
-    }
-    if (std::chrono::duration<double>(Clock::now() - start).count() > 60) {
-      for (pid_t& p : pids)
-        if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0), p = -1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (int rank = 0; rank < kWorld; ++rank) {
-    std::ifstream in(dir / ("rank" + std::to_string(rank)));
-    std::stringstream text;
-    text << in.rdbuf();
-    outcomes[rank].output = text.str();
-  }
-  fs::remove_all(dir);
-  return outcomes;
-}
-
-std::string describe(const std::vector<Outcome>& outcomes) {
-  std::ostringstream out;
-  for (size_t r = 0; r < outcomes.size(); ++r)
-    out << "--- rank " << r << ": exit " << outcomes[r].exitCode << " after " << outcomes[r].seconds << " s\n"
-        << outcomes[r].output;
-  return out.str();
+  ForkedJob job("async_failure");
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(freeLoopbackPort());
+  return job.run(kWorld, [&](int rank) { return runRank(rank, store, victim, bySignal); }, 60);
 }
 
 class KilledRank : public ::testing::TestWithParam<std::tuple<int, bool>> {};

@@ -18,7 +18,7 @@
 #include "harness/rank_sync.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
-#include "gpu/nccl/ring_schedule.h"
+#include "collectives/common/ring.h"
 #if SHOAL_WITH_CUDA
 #include "gpu/cuda/device.h"
 #endif
@@ -39,19 +39,19 @@ std::vector<std::vector<uint64_t>> simulateRing(const std::vector<std::vector<ui
   const size_t count = inputs[0].size();
   shoal::Reducer reducer(SHOAL_U64, op);
   std::vector<std::vector<uint64_t>> data = inputs;
-  auto block = [&](int b) { return shoal::nccl::ringBlock(count, n, b); };
+  auto block = [&](int b) { return shoal::ring::blockOf(count, n, b); };
   for (int step = 0; step + 1 < n; ++step) {
     std::vector<std::vector<uint64_t>> wire(n);  // wire[r]: what rank r sent right
     for (int r = 0; r < n; ++r) {
-      shoal::nccl::BlockRange out = block(shoal::nccl::reduceScatterStep(r, n, step).sendBlock);
+      shoal::ring::Block out = block(shoal::ring::reduceScatterStep(r, n, step).sendBlock);
       wire[r].assign(data[r].begin() + out.offset, data[r].begin() + out.offset + out.count);
     }
     for (int r = 0; r < n; ++r) {
       int left = (r + n - 1) % n;
-      shoal::nccl::RingStep at = shoal::nccl::reduceScatterStep(r, n, step);
-      EXPECT_EQ(at.receiveBlock, shoal::nccl::reduceScatterStep(left, n, step).sendBlock)
+      shoal::ring::Step at = shoal::ring::reduceScatterStep(r, n, step);
+      EXPECT_EQ(at.receiveBlock, shoal::ring::reduceScatterStep(left, n, step).sendBlock)
           << "n " << n << " step " << step;
-      shoal::nccl::BlockRange in = block(at.receiveBlock);
+      shoal::ring::Block in = block(at.receiveBlock);
       EXPECT_EQ(wire[left].size(), in.count);
       reducer.combine(data[r].data() + in.offset, wire[left].data(), in.count);
     }
@@ -59,14 +59,14 @@ std::vector<std::vector<uint64_t>> simulateRing(const std::vector<std::vector<ui
   for (int step = 0; step + 1 < n; ++step) {
     std::vector<std::vector<uint64_t>> wire(n);
     for (int r = 0; r < n; ++r) {
-      shoal::nccl::BlockRange out = block(shoal::nccl::allgatherStep(r, n, step).sendBlock);
+      shoal::ring::Block out = block(shoal::ring::allgatherStep(r, n, step).sendBlock);
       wire[r].assign(data[r].begin() + out.offset, data[r].begin() + out.offset + out.count);
     }
     for (int r = 0; r < n; ++r) {
       int left = (r + n - 1) % n;
-      shoal::nccl::RingStep at = shoal::nccl::allgatherStep(r, n, step);
-      EXPECT_EQ(at.receiveBlock, shoal::nccl::allgatherStep(left, n, step).sendBlock);
-      shoal::nccl::BlockRange in = block(at.receiveBlock);
+      shoal::ring::Step at = shoal::ring::allgatherStep(r, n, step);
+      EXPECT_EQ(at.receiveBlock, shoal::ring::allgatherStep(left, n, step).sendBlock);
+      shoal::ring::Block in = block(at.receiveBlock);
       std::copy(wire[left].begin(), wire[left].end(), data[r].begin() + in.offset);
     }
   }
@@ -78,7 +78,7 @@ TEST(DeviceRingSchedule, BlocksTileTheBuffer) {
     for (size_t count : {size_t(0), size_t(1), size_t(4), size_t(7), size_t(1000)}) {
       size_t next = 0;
       for (int b = 0; b < n; ++b) {
-        shoal::nccl::BlockRange range = shoal::nccl::ringBlock(count, n, b);
+        shoal::ring::Block range = shoal::ring::blockOf(count, n, b);
         EXPECT_EQ(range.offset, next) << "n " << n << " count " << count << " block " << b;
         next += range.count;
         EXPECT_LE(range.count, count / n + 1);
@@ -94,7 +94,7 @@ TEST(DeviceRingSchedule, BlocksAreTheHostRingsBlocks) {
     for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(65537)}) {
       shoal::Blocks host = shoal::splitEvenly(count, 4, n, 1 << 20, 2 * n);
       for (int b = 0; b < n; ++b) {
-        shoal::nccl::BlockRange range = shoal::nccl::ringBlock(count, n, b);
+        shoal::ring::Block range = shoal::ring::blockOf(count, n, b);
         EXPECT_EQ(range.offset * 4, host.offset[b]) << "n " << n << " count " << count << " block " << b;
         EXPECT_EQ(range.count * 4, host.bytes[b]) << "n " << n << " count " << count << " block " << b;
       }

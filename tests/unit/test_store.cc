@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "bootstrap/store.h"
+#include "harness/forked_job.h"
 
 namespace shoal {
 namespace {
@@ -44,19 +45,6 @@ Error errorFrom(const std::function<void()>& f) {
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
-}
-
-// A port nobody listens on: bind port 0, note what the kernel picked, close.
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::unique_ptr<Store> openStore(const std::string& url, int rank, int world = kRanks, const std::string& token = "t0k",
@@ -97,7 +85,7 @@ class StoreTest : public ::testing::TestWithParam<Backend> {
       dir_ = dir;
       url_ = "file://" + dir_ + "/sub";  // the store creates missing directories
     }
-    if (GetParam() == Backend::Tcp) url_ = "tcp://127.0.0.1:" + std::to_string(freePort());
+    if (GetParam() == Backend::Tcp) url_ = "tcp://127.0.0.1:" + std::to_string(test::freeLoopbackPort());
   }
   void TearDown() override {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
@@ -283,7 +271,7 @@ TEST(MemoryStore, NamesAreSeparateAndDroppedWhenUnused) {
 
 class TcpStoreTest : public ::testing::Test {
  protected:
-  std::string url_ = "tcp://127.0.0.1:" + std::to_string(freePort());
+  std::string url_ = "tcp://127.0.0.1:" + std::to_string(test::freeLoopbackPort());
 };
 
 TEST_F(TcpStoreTest, WrongTokenIsRefusedAndServerKeepsServing) {

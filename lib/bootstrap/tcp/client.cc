@@ -187,45 +187,18 @@ class TcpStore : public Store {
     badReply();
   }
 
-  // Waits for the socket; false when the deadline passed.
-  bool ready(short events, Clock::time_point deadline) {
-    for (;;) {
-      pollfd p{fd_, events, 0};
-      int rc = poll(&p, 1, msUntil(deadline));
-      if (rc > 0) return true;  // errors and hang-ups surface in the send/recv that follows
-      if (rc == 0 && Clock::now() >= deadline) return false;
-      if (rc < 0 && errno != EINTR) lost("poll: " + errnoText());
-    }
-  }
-
+  // False when the deadline passed first; a broken connection throws.
   bool sendAll(const Bytes& data, Clock::time_point deadline) {
-    for (size_t done = 0; done < data.size();) {
-      ssize_t n = send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!ready(POLLOUT, deadline)) return false;
-      } else if (errno != EINTR) {
-        lost(errnoText());
-      }
-    }
-    return true;
+    IoResult result = writeFull(fd_, data.data(), data.size(), deadline);
+    if (result == IoResult::kError) lost(errnoText());
+    return result == IoResult::kDone;
   }
 
   bool receiveExact(uint8_t* data, size_t size, Clock::time_point deadline) {
-    for (size_t done = 0; done < size;) {
-      ssize_t n = recv(fd_, data + done, size - done, 0);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-      } else if (n == 0) {
-        lost("the server closed the connection");
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!ready(POLLIN, deadline)) return false;
-      } else if (errno != EINTR) {
-        lost(errnoText());
-      }
-    }
-    return true;
+    IoResult result = readFull(fd_, data, size, deadline);
+    if (result == IoResult::kClosed) lost("the server closed the connection");
+    if (result == IoResult::kError) lost(errnoText());
+    return result == IoResult::kDone;
   }
 
   bool receive(Bytes& body, Clock::time_point deadline) {

@@ -1,6 +1,7 @@
 // Socket helpers of the tcp store (socket.h).
 #include "bootstrap/tcp/socket.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 
 namespace shoal::detail::tcp {
@@ -19,6 +21,8 @@ int msUntil(Clock::time_point t) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1;
   return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
 }
+
+int pollMsUntil(Clock::time_point t) { return t == Clock::time_point::max() ? -1 : msUntil(t); }
 
 std::string errnoText(int err) { return std::strerror(err); }
 std::string errnoText() { return errnoText(errno); }
@@ -34,6 +38,8 @@ void setNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
+
+void setNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 bool sameToken(const std::string& a, const std::string& b) {
   unsigned diff = a.size() != b.size();
@@ -95,12 +101,15 @@ int listenOn(const std::string& host, int port, const std::string& url) {
   return fd;
 }
 
-int connectTo(const std::string& host, int port, Clock::time_point deadline, std::string& lastError) {
+int connectTo(const std::string& host, int port, Clock::time_point deadline, std::string& lastError,
+              bool* unresolved) {
+  if (unresolved) *unresolved = false;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
     lastError = fmt::format("cannot resolve host '{}': {}", host, gai_strerror(rc));
+    if (unresolved) *unresolved = true;
     return -1;
   }
   int fd = -1;
@@ -131,6 +140,55 @@ int connectTo(const std::string& host, int port, Clock::time_point deadline, std
   freeaddrinfo(found);
   if (fd >= 0) setNoDelay(fd);
   return fd;
+}
+
+namespace {
+
+// Waits for one event on fd; false when the deadline passed first. A poll
+// error other than EINTR returns true: the read or write that follows reports it.
+bool waitFor(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = poll(&p, 1, pollMsUntil(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return true;
+  }
+}
+
+}  // namespace
+
+IoResult readFull(int fd, void* data, size_t bytes, Clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (bytes > 0) {
+    ssize_t n = recv(fd, p, bytes, 0);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return IoResult::kClosed;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return IoResult::kError;
+    if (!waitFor(fd, POLLIN, deadline)) return IoResult::kTimedOut;
+  }
+  return IoResult::kDone;
+}
+
+IoResult writeFull(int fd, const void* data, size_t bytes, Clock::time_point deadline) {
+  auto* p = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return IoResult::kError;
+    if (!waitFor(fd, POLLOUT, deadline)) return IoResult::kTimedOut;
+  }
+  return IoResult::kDone;
 }
 
 }  // namespace shoal::detail::tcp

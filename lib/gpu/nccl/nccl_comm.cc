@@ -12,7 +12,7 @@
 
 #include "collectives/common/device_reducer.h"
 #include "collectives/common/reducer.h"
-#include "gpu/nccl/ring_schedule.h"
+#include "collectives/common/ring.h"
 
 namespace shoal::nccl {
 namespace {
@@ -267,8 +267,8 @@ void Communicator::ringAllreduce(const void* send, void* recv, size_t count, sho
   if (send != recv && count > 0)
     DeviceGuard::check(cudaMemcpyAsync(recv, send, count * element, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
   const int n = m.size, r = m.rank;
-  const int left = (r + n - 1) % n, right = (r + 1) % n;
-  auto block = [&](int b) { return ringBlock(count, n, b); };
+  const int left = ring::leftOf(r, n), right = ring::rightOf(r, n);
+  auto block = [&](int b) { return ring::blockOf(count, n, b); };
   uint8_t* scratch = n > 1 && count > 0
                          ? static_cast<uint8_t*>(m.grow(m.scratch, block(0).count * element, "cudaMalloc (ring scratch)"))
                          : nullptr;
@@ -283,16 +283,16 @@ void Communicator::ringAllreduce(const void* send, void* recv, size_t count, sho
   };
   if (count > 0) {
     for (int step = 0; step + 1 < n; ++step) {
-      RingStep at = reduceScatterStep(r, n, step);
-      BlockRange out = block(at.sendBlock), in = block(at.receiveBlock);
+      ring::Step at = ring::reduceScatterStep(r, n, step);
+      ring::Block out = block(at.sendBlock), in = block(at.receiveBlock);
       exchange(data + out.offset * element, out.count * element, scratch, in.count * element);
       cuda::reduceOnDevice(data + in.offset * element, scratch, in.count, dtype, op, stream);
     }
-    BlockRange own = block(r);
+    ring::Block own = block(r);
     cuda::finishOnDevice(data + own.offset * element, own.count, dtype, op, n, stream);
     for (int step = 0; step + 1 < n; ++step) {
-      RingStep at = allgatherStep(r, n, step);
-      BlockRange out = block(at.sendBlock), in = block(at.receiveBlock);
+      ring::Step at = ring::allgatherStep(r, n, step);
+      ring::Block out = block(at.sendBlock), in = block(at.receiveBlock);
       exchange(data + out.offset * element, out.count * element, data + in.offset * element, in.count * element);
     }
   }
