@@ -691,11 +691,24 @@ constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOM
 #endif
 
 const shoal_compressor_t kSketch = {
-    SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "sketch",
-    "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit fixed-point values "
-    "(compact, count sketch with peeling, or dense)",
-    kOptionsHelp, kCaps, SHOAL_ERROR_EXACT, 0.0,
-    1u << SHOAL_F32, create, destroy, start, round, finish, nullptr, nullptr, nullptr,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "sketch",
+    .description = "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit "
+                   "fixed-point values (compact, count sketch with peeling, or dense)",
+    .options_help = kOptionsHelp,
+    .caps = kCaps,
+    .error_kind = SHOAL_ERROR_EXACT,
+    .error_bound = 0.0,
+    .dtypes = 1u << SHOAL_F32,
+    .create = create,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = nullptr,
+    .save_tensor_state = nullptr,
+    .load_tensor_state = nullptr,
 };
 
 }  // namespace

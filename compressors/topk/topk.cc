@@ -792,24 +792,24 @@ constexpr uint64_t kCudaCap = 0;
 #endif
 
 const shoal_compressor_t kTopk = {
-    SHOAL_COMPRESSOR_ABI_VERSION,
-    sizeof(shoal_compressor_t),
-    "topk",
-    "top-k sparsification: each rank sends its k largest |g + e| as (index, value) pairs (allgatherv); "
-    "error feedback keeps the rest for the next call",
-    kOptionsHelp,
-    SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | kCudaCap,
-    SHOAL_ERROR_FEEDBACK,
-    0.0,
-    (1u << SHOAL_F32) | (1u << SHOAL_F64),
-    create,
-    destroy,
-    start,
-    round,
-    finish,
-    destroyTensorState,
-    saveTensorState,
-    loadTensorState,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "topk",
+    .description = "top-k sparsification: each rank sends its k largest |g + e| as (index, value) pairs "
+                   "(allgatherv); error feedback keeps the rest for the next call",
+    .options_help = kOptionsHelp,
+    .caps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | kCudaCap,
+    .error_kind = SHOAL_ERROR_FEEDBACK,
+    .error_bound = 0.0,
+    .dtypes = (1u << SHOAL_F32) | (1u << SHOAL_F64),
+    .create = create,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = destroyTensorState,
+    .save_tensor_state = saveTensorState,
+    .load_tensor_state = loadTensorState,
 };
 
 }  // namespace
