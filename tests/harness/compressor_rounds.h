@@ -58,7 +58,7 @@ struct Delivered {
 using Hook = std::function<void(Delivered&)>;
 using RoundObserver = std::function<void(int rank, const shoal_round_t& round)>;
 
-// "k=v,k=v" as the pairs create() takes.
+// "k=v,k=v" as the pairs CompressorRounds::create() takes.
 inline std::vector<std::pair<std::string, std::string>> optionPairs(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> pairs;
   for (size_t pos = 0; pos < text.size();) {
@@ -118,7 +118,6 @@ class CompressorRounds {
     }
     return SHOAL_OK;
   }
-  shoal_status_t create(const std::string& options) { return create(optionPairs(options)); }
 
   // Runs rank r on instances[r], which the test created and destroys (the
   // same instance may serve several ranks). Call before the first operation.

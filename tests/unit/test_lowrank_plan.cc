@@ -290,7 +290,7 @@ TEST(LowrankPlan, SplitPhasesEqualTheCompressorTable) {
     side.qbuf.resize(sizes.q_elems);
   }
   CompressorRounds rounds(table, n);
-  ASSERT_EQ(rounds.create("rank=2"), SHOAL_OK) << rounds.error(rounds.failedRank());
+  ASSERT_EQ(rounds.create({{"rank", "2"}}), SHOAL_OK) << rounds.error(rounds.failedRank());
   int step = 0;
   // After the table's round on rank w, the plan's phase on rank w: the same buffer.
   rounds.observe([&](int w, const shoal_round_t& round) {

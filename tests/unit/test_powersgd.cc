@@ -393,7 +393,7 @@ TEST(PowerSgd, FusedTensorsThroughTheTable) {
   const std::vector<CompressorRounds::TensorSpec> specs = {
       {SHOAL_F32, {40, 24}, "fused/a"}, {SHOAL_F32, {10}, "fused/bias"}, {SHOAL_F32, {30, 20}, "fused/b"}};
   CompressorRounds rounds(table, n);
-  ASSERT_EQ(rounds.create("rank=4"), SHOAL_OK) << rounds.error(rounds.failedRank());
+  ASSERT_EQ(rounds.create({{"rank", "4"}}), SHOAL_OK) << rounds.error(rounds.failedRank());
   const size_t expectedCount[2] = {40 * 4 + 30 * 4 + 10, 24 * 4 + 20 * 4};
   rounds.observe([&](int rank, const shoal_round_t& round) {
     ASSERT_EQ(round.done, round.index == 2 ? 1 : 0) << "rank " << rank << " round " << round.index;
