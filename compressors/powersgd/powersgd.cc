@@ -1,8 +1,8 @@
 // powersgd: rank-r PowerSGD (Vogels et al. 2019) with warm start and error
 // feedback, following PyTorch's powerSGD_hook. f32, f16 and bf16 gradients
 // (factor math in f32; the error vector in the gradient's dtype, as PyTorch
-// keeps it). The step itself is powersgd_engine.{h,cc}, shared with the plan
-// API of include/shoal/lowrank.h; this file maps it onto the compressor rounds.
+// keeps it). The step itself is powersgd_engine.{h,cc}, shared with the PowerSGD
+// plan of include/shoal/lowrank.h (plan.h); this file maps it onto the compressor rounds.
 //
 // Each tensor of count elements is viewed as a matrix M [rows, cols] with
 // rows = shape[0] and cols = count / rows. It is compressed at rank
