@@ -322,16 +322,17 @@ TEST(LowrankPlan, SplitPhasesEqualTheCompressorTable) {
           << shoal_last_error(nullptr);
     }
   });
-  // The table's payload was summed over the ranks: sum the plans' buffers the same way.
+  // The table's payload was summed over the ranks in rank order (as shoal's
+  // Reducer does: rank 0's values, then each next rank's added): sum the
+  // plans' buffers the same way.
   auto sumThePlans = [&](shoal::test::Delivered& delivered) {
     const size_t elems = delivered.bytes.size() / 4;
     if (delivered.round == 0) EXPECT_EQ(elems, (40 + 30 + 40) * 2 + 10u);
-    std::vector<float> sum(elems, 0.0f);
-    for (Side& side : sides) {
-      const float* buffer = delivered.round == 0 ? side.pbuf.data() : side.qbuf.data();
-      for (size_t i = 0; i < elems; ++i) sum[i] += buffer[i];
-    }
-    for (Side& side : sides) std::memcpy(delivered.round == 0 ? side.pbuf.data() : side.qbuf.data(), sum.data(), elems * 4);
+    auto buffer = [&](Side& side) { return delivered.round == 0 ? side.pbuf.data() : side.qbuf.data(); };
+    std::vector<float> sum(buffer(sides[0]), buffer(sides[0]) + elems);
+    for (int w = 1; w < n; ++w)
+      for (size_t i = 0; i < elems; ++i) sum[i] += buffer(sides[w])[i];
+    for (Side& side : sides) std::memcpy(buffer(side), sum.data(), elems * 4);
   };
   for (step = 0; step < 3; ++step) {
     auto fill = [&](int w, int t, void* data) {
