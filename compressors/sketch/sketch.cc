@@ -343,11 +343,11 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
     }
   }
   round->num_payloads = 2;
-  setPayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
-  setPayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
+  setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
+  setAllreducePayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
   if (!s.presized.empty()) {
     round->num_payloads = 3;
-    setPayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+    setAllreducePayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
   }
 }
 
@@ -623,11 +623,14 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     s.stage = 1;
     int np = 0;
     if (!s.presizedLeftovers.empty())
-      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(), s.presizedLeftovers.size());
-    if (!s.values.empty()) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
-    if (!s.dense.empty()) setPayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(),
+                          s.presizedLeftovers.size());
+    if (!s.values.empty())
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
+    if (!s.dense.empty())
+      setAllreducePayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
     if (!s.specials.empty())
-      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
     // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.
@@ -664,7 +667,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
         encodeLeftovers(plan, inputOf(op->tensors[t]), s.leftovers.data());
       }
       round->num_payloads = 1;
-      setPayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());
+      setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());
       return SHOAL_OK;
     }
   }
