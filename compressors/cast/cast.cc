@@ -247,17 +247,44 @@ constexpr uint64_t kCudaCap = 0;
 constexpr uint32_t kFloatTypes = (1u << SHOAL_F32) | (1u << SHOAL_F64);
 
 const shoal_compressor_t kFp16 = {
-    SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "fp16",
-    "cast to IEEE half for the allreduce (2x smaller than f32); sums in f32, rounded once per hop", "",
-    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap, SHOAL_ERROR_RELATIVE, 2.0 / 2048, kFloatTypes,
-    create<Format::Fp16>, destroy, start, round, finish, nullptr, nullptr, nullptr,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "fp16",
+    .description = "cast to IEEE half for the allreduce (2x smaller than f32); sums in f32, rounded once per hop",
+    .options_help = "",
+    .caps = SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap,
+    .error_kind = SHOAL_ERROR_RELATIVE,
+    .error_bound = 2.0 / 2048,
+    .dtypes = kFloatTypes,
+    .create = create<Format::Fp16>,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = nullptr,
+    .save_tensor_state = nullptr,
+    .load_tensor_state = nullptr,
 };
 
 const shoal_compressor_t kBf16 = {
-    SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "bf16",
-    "cast to bfloat16 for the allreduce (2x smaller than f32, f32's range); sums in f32, rounded once per hop", "",
-    SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap, SHOAL_ERROR_RELATIVE, 2.0 / 256, kFloatTypes,
-    create<Format::Bf16>, destroy, start, round, finish, nullptr, nullptr, nullptr,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "bf16",
+    .description =
+        "cast to bfloat16 for the allreduce (2x smaller than f32, f32's range); sums in f32, rounded once per hop",
+    .options_help = "",
+    .caps = SHOAL_CAP_HOST | SHOAL_CAP_HOMOMORPHIC | kCudaCap,
+    .error_kind = SHOAL_ERROR_RELATIVE,
+    .error_bound = 2.0 / 256,
+    .dtypes = kFloatTypes,
+    .create = create<Format::Bf16>,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = nullptr,
+    .save_tensor_state = nullptr,
+    .load_tensor_state = nullptr,
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Asking the driver for one collective in the next round: the step every
-// single-payload compressor round ends with.
+// Asking the driver for collectives in the next round: one payload set up
+// (what a round with several payloads does per payload), or a round of one
+// payload (the step every single-payload compressor round ends with).
 #pragma once
 
 #include <cstddef>
@@ -8,16 +9,27 @@
 
 namespace shoal::compressors {
 
-inline void requestOnePayload(shoal_round_t* round, shoal_collective_t collective, shoal_dtype_t dtype,
-                              shoal_op_t op, void* buffer, size_t count) {
-  round->num_payloads = 1;
-  shoal_payload_t& payload = round->payloads[0];
+// Clears the payload and sets what the driver needs to run it (op: allreduce only).
+inline void setPayload(shoal_payload_t& payload, shoal_collective_t collective, shoal_dtype_t dtype, shoal_op_t op,
+                       void* buffer, size_t count) {
   payload = shoal_payload_t{};
   payload.collective = collective;
   payload.dtype = dtype;
   payload.op = op;
   payload.buffer = buffer;
   payload.count = count;
+}
+
+// The same for an allreduce payload (a round of several, as the sketch's).
+inline void setAllreducePayload(shoal_payload_t& payload, shoal_dtype_t dtype, shoal_op_t op, void* buffer,
+                                size_t count) {
+  setPayload(payload, SHOAL_COLLECTIVE_ALLREDUCE, dtype, op, buffer, count);
+}
+
+inline void requestOnePayload(shoal_round_t* round, shoal_collective_t collective, shoal_dtype_t dtype,
+                              shoal_op_t op, void* buffer, size_t count) {
+  round->num_payloads = 1;
+  setPayload(round->payloads[0], collective, dtype, op, buffer, count);
 }
 
 }  // namespace shoal::compressors

@@ -1,8 +1,8 @@
 // powersgd: rank-r PowerSGD (Vogels et al. 2019) with warm start and error
 // feedback, following PyTorch's powerSGD_hook. f32, f16 and bf16 gradients
 // (factor math in f32; the error vector in the gradient's dtype, as PyTorch
-// keeps it). The step itself is powersgd_engine.{h,cc}, shared with the plan
-// API of include/shoal/lowrank.h; this file maps it onto the compressor rounds.
+// keeps it). The step itself is powersgd_engine.{h,cc}, shared with the PowerSGD
+// plan of include/shoal/lowrank.h (plan.h); this file maps it onto the compressor rounds.
 //
 // Each tensor of count elements is viewed as a matrix M [rows, cols] with
 // rows = shape[0] and cols = count / rows. It is compressed at rank
@@ -482,29 +482,31 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
   return SHOAL_OK;
 }
 
-const shoal_compressor_t kPowerSgd = {
-    SHOAL_COMPRESSOR_ABI_VERSION,
-    sizeof(shoal_compressor_t),
-    "powersgd",
-    "PowerSGD low-rank compression: P = M Q and Q = M^T P summed by allreduce (warm start, one power iteration "
-    "per call); small and 1-D tensors ride densely with P; error feedback",
-    kOptionsHelp,
 #if SHOAL_WITH_CUDA
-    SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC,
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC;
 #else
-    SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC,
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC;
 #endif
-    SHOAL_ERROR_FEEDBACK,
-    0.0,
-    (1u << SHOAL_F32) | (1u << SHOAL_F16) | (1u << SHOAL_BF16),
-    create,
-    destroy,
-    start,
-    round,
-    finish,
-    destroyTensorState,
-    saveTensorState,
-    loadTensorState,
+
+const shoal_compressor_t kPowerSgd = {
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "powersgd",
+    .description = "PowerSGD low-rank compression: P = M Q and Q = M^T P summed by allreduce (warm start, one power "
+                   "iteration per call); small and 1-D tensors ride densely with P; error feedback",
+    .options_help = kOptionsHelp,
+    .caps = kCaps,
+    .error_kind = SHOAL_ERROR_FEEDBACK,
+    .error_bound = 0.0,
+    .dtypes = (1u << SHOAL_F32) | (1u << SHOAL_F16) | (1u << SHOAL_BF16),
+    .create = create,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = destroyTensorState,
+    .save_tensor_state = saveTensorState,
+    .load_tensor_state = loadTensorState,
 };
 
 }  // namespace

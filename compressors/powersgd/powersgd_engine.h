@@ -1,5 +1,5 @@
 // The PowerSGD step on the CPU, shared by the powersgd compressor (its rounds)
-// and the plan API of include/shoal/lowrank.h (lib/api/lowrank_api.cc), so the
+// and the PowerSGD plan of include/shoal/lowrank.h (plan.h), so the
 // two give the same bits for the same inputs.
 //
 // A step over a list of matrices (one call of the compressor, or one plan):

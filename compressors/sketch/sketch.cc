@@ -343,11 +343,11 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
     }
   }
   round->num_payloads = 2;
-  setPayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
-  setPayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
+  setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
+  setAllreducePayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
   if (!s.presized.empty()) {
     round->num_payloads = 3;
-    setPayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+    setAllreducePayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
   }
 }
 
@@ -623,11 +623,14 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     s.stage = 1;
     int np = 0;
     if (!s.presizedLeftovers.empty())
-      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(), s.presizedLeftovers.size());
-    if (!s.values.empty()) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
-    if (!s.dense.empty()) setPayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(),
+                          s.presizedLeftovers.size());
+    if (!s.values.empty())
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
+    if (!s.dense.empty())
+      setAllreducePayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
     if (!s.specials.empty())
-      setPayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
+      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
     // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.
@@ -664,7 +667,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
         encodeLeftovers(plan, inputOf(op->tensors[t]), s.leftovers.data());
       }
       round->num_payloads = 1;
-      setPayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());
+      setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers.data(), s.leftovers.size());
       return SHOAL_OK;
     }
   }
@@ -691,11 +694,24 @@ constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOM
 #endif
 
 const shoal_compressor_t kSketch = {
-    SHOAL_COMPRESSOR_ABI_VERSION, sizeof(shoal_compressor_t), "sketch",
-    "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit fixed-point values "
-    "(compact, count sketch with peeling, or dense)",
-    kOptionsHelp, kCaps, SHOAL_ERROR_EXACT, 0.0,
-    1u << SHOAL_F32, create, destroy, start, round, finish, nullptr, nullptr, nullptr,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "sketch",
+    .description = "lossless homomorphic compression of sparse f32: OR-ed index bitmap, then exact 64-bit "
+                   "fixed-point values (compact, count sketch with peeling, or dense)",
+    .options_help = kOptionsHelp,
+    .caps = kCaps,
+    .error_kind = SHOAL_ERROR_EXACT,
+    .error_bound = 0.0,
+    .dtypes = 1u << SHOAL_F32,
+    .create = create,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = nullptr,
+    .save_tensor_state = nullptr,
+    .load_tensor_state = nullptr,
 };
 
 }  // namespace

@@ -343,8 +343,8 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
         return SHOAL_ERR_SYSTEM;
     }
     round->num_payloads = 2;
-    setPayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.index, s.indexWords);
-    setPayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats, s.statsWords);
+    setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.index, s.indexWords);
+    setAllreducePayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats, s.statsWords);
     s.stage = 0;
     return SHOAL_OK;
   }
@@ -352,9 +352,9 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
     if (!encodeValues(inst, s, op, check)) return s.malformed ? SHOAL_ERR_INTERNAL : SHOAL_ERR_SYSTEM;
     s.stage = 1;
     int np = 0;
-    if (s.valueWords) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values, s.valueWords);
-    if (s.denseCount) setPayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense, s.denseCount);
-    if (s.specialWords) setPayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials, s.specialWords);
+    if (s.valueWords) setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values, s.valueWords);
+    if (s.denseCount) setAllreducePayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense, s.denseCount);
+    if (s.specialWords) setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials, s.specialWords);
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
   } else if (s.stage == 1) {
@@ -362,7 +362,7 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
     s.stage = 2;
     if (s.leftoverWords > 0) {
       round->num_payloads = 1;
-      setPayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers, s.leftoverWords);
+      setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_SUM, s.leftovers, s.leftoverWords);
       return SHOAL_OK;
     }
   }

@@ -10,6 +10,7 @@
 #include <map>
 #include <utility>
 
+#include "compressors/common/payload.h"
 #include "shoal/compressor.h"
 
 namespace shoal::compressors::sketch_impl {
@@ -85,15 +86,6 @@ inline bool readScale(const uint64_t* w, int worldSize, Scale& s, char* why, siz
   }
   s.K = (s.T - s.Q + 1 + s.L - 1) / s.L;
   return s.K <= kMaxLimbs;  // always (277 bits / 32 <= 9): kept as the peel's stack bound
-}
-
-inline void setPayload(shoal_payload_t& p, shoal_dtype_t dtype, shoal_op_t op, void* buffer, size_t count) {
-  p = shoal_payload_t{};
-  p.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-  p.dtype = dtype;
-  p.op = op;
-  p.buffer = buffer;
-  p.count = count;
 }
 
 // Cells per part of a sketch sized after the index: cells_per_item per member,

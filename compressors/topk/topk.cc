@@ -31,30 +31,11 @@
 // not to an option set: so the driver asks for named tensors even with ef=0,
 // which keeps no state. (Unnamed tensors reaching round() with ef=0 work.)
 //
-// Tensor state (shoal_compressor_state_save / _load), layout: the error vector
-// e of the tensor, count elements in the tensor's dtype (f32 or f64), native
-// byte order, nothing else: count * 4 or count * 8 bytes. A state loaded
-// before the tensor's first call takes its dtype and count from that call,
-// which refuses it unless its size is count * sizeof(dtype); loading into an
-// existing state requires the existing size. A name must keep its dtype and
-// count from call to call (a mismatch is refused: the residual would be
-// meaningless).
-//
-// CUDA tensors (GPU build only; SHOAL_CAP_CUDA is set only there): every
-// tensor of a call on one device and stream, at most 2^32 - 1 elements each.
-// The same steps as kernels on that stream (topk_kernels.cu): selection by a
-// stable descending radix sort of the magnitude keys (the order above), the
-// payload and the residual in device memory. Round 0 never waits for the
-// device; round 1 waits once, at its end, to learn whether a gathered pair
-// was malformed. A name's residual stays where its first call put it (host
-// or one device; a later call elsewhere is refused); save and load copy it
-// to and from host memory after the stream's last use of it. A state loaded
-// before its tensor's first call moves to the device then.
+// Tensor state (each name's residual, its saved layout): topk_state.cc. CUDA
+// tensors: topk_device.cc. What the files share: topk_instance.h.
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -64,129 +45,26 @@
 
 #include "compressors/common/payload.h"
 #include "compressors/common/text.h"
+#include "compressors/topk/topk_instance.h"
 #include "compressors/topk/topk_math.h"
 #include "core/tensor.h"
 #include "shoal/compressor.h"
 
 #if SHOAL_WITH_CUDA
 #include "compressors/topk/topk_cuda.h"
-#include "gpu/cuda/stream_memory.h"
 #endif
 
 namespace shoal::compressors {
 namespace {
 
-constexpr double kDefaultRatio = 0.01;
+using namespace shoal::compressors::topk_impl;
+
 constexpr uint64_t kMaxK = 1000000000000000000ull;  // 10^18: beyond any tensor
 constexpr const char* kOptionsHelp =
     "k=<int >= 1>: elements kept per tensor (capped at its size); "
     "ratio=<float in (0,1]>: keep max(1, ceil(ratio * count)) per tensor (default 0.01; not together with k); "
     "ef=0|1: error feedback, the unsent rest is added to the next call's tensor of the same name (default 1). "
     "With ef=1 tensors need a name.";
-
-// Selection scratch of an instance, reused across calls (an instance is used by one thread at a time).
-struct Scratch {
-  std::vector<uint32_t> index32;
-  std::vector<uint64_t> index64;
-  std::vector<uint64_t> words;
-};
-
-struct Instance {
-  bool useK = false;
-  uint64_t k = 0;
-  double ratio = kDefaultRatio;
-  bool ef = true;
-  shoal_log_fn log = nullptr;
-  Scratch scratch;
-
-  size_t keptOf(size_t count) const {
-    if (count == 0) return 0;
-    if (useK) return static_cast<size_t>(std::min<uint64_t>(k, count));
-    double x = ratio * static_cast<double>(count);
-    double kept = std::ceil(x - x * 1e-12);
-    if (kept < 1) return 1;
-    if (kept >= static_cast<double>(count)) return count;
-    return static_cast<size_t>(kept);
-  }
-};
-
-// The error vector of one named tensor. Loaded before first use, it is
-// untyped (dtype and count unknown) until a call adopts it.
-struct TensorState {
-  bool typed = false;
-  shoal_dtype_t dtype = SHOAL_F32;
-  size_t count = 0;
-  size_t bytes = 0;
-  void* data = nullptr;  // malloc'd, bytes long (nullptr when 0); device memory when onDevice
-  bool onDevice = false;
-  int device = 0;
-  void* lastUse = nullptr;  // onDevice: a CUDA event recorded after the last kernels that touch data
-};
-
-TensorState* newState(size_t bytes) {
-  auto* state = new TensorState;
-  state->bytes = bytes;
-  if (bytes > 0) {
-    state->data = std::calloc(1, bytes);  // all-zero bits: +0.0 in f32 and f64
-    if (state->data == nullptr) {
-      delete state;
-      return nullptr;
-    }
-  }
-  return state;
-}
-
-void freeState(TensorState* state) {
-  if (state == nullptr) return;
-#if SHOAL_WITH_CUDA
-  if (state->onDevice) {
-    cuda::DeviceScope scope(state->device);
-    cuda::waitEvent(state->lastUse);  // the stream's kernels may still use it
-    cuda::freeDevice(state->data);
-    cuda::destroyEvent(state->lastUse);
-    delete state;
-    return;
-  }
-#endif
-  std::free(state->data);
-  delete state;
-}
-
-#if SHOAL_WITH_CUDA
-// Moves a host state's bytes to `device` (zeros when fresh); nullptr, or the CUDA error's text.
-const char* moveToDevice(TensorState* state, int device) {
-  cuda::DeviceScope scope(device);
-  if (scope.error()) return scope.error();
-  void* data = nullptr;
-  const char* error = cuda::allocDevice(&data, state->bytes);
-  if (error == nullptr && state->bytes > 0) error = cuda::copyBlocking(data, state->data, state->bytes);
-  void* event = nullptr;
-  if (error == nullptr) error = cuda::createEvent(&event);
-  if (error != nullptr) {
-    cuda::freeDevice(data);
-    return error;
-  }
-  std::free(state->data);
-  state->data = data;
-  state->onDevice = true;
-  state->device = device;
-  state->lastUse = event;
-  return nullptr;
-}
-#endif
-
-struct OpState {
-  std::vector<size_t> offsets;  // offsets[t] = first global index of tensor t; offsets[T] = total
-  std::vector<uint64_t> pairs;  // this rank's payload
-  size_t expectedWords = 0;     // what every rank sends: 2 words per kept element (k follows from options and shapes)
-  std::vector<TensorState*> errors;        // each tensor's residual (ef=1), checked in start()
-  // CUDA tensors: device, stream, and the device memory freed in finish().
-  bool onDevice = false;
-  int device = 0;
-  void* stream = nullptr;
-  uint64_t* devicePairs = nullptr;  // this rank's payload
-  void* deviceDecode = nullptr;     // round 1: the outputs' table and the malformed-pair counter
-};
 
 // ---- options ------------------------------------------------------------------
 
@@ -312,78 +190,6 @@ void encodeTensor(Scratch& scratch, const T* input, T* error, size_t count, size
 
 // ---- the operation ------------------------------------------------------------------
 
-// Where a tensor's data lives, for messages.
-std::string placeText(bool onDevice, int device) {
-  return onDevice ? "CUDA device " + std::to_string(device) : std::string("host memory");
-}
-
-// The tensor's error vector, created or checked; nullptr with error text on a mismatch.
-TensorState* stateFor(shoal_compress_op_t* op, int t, size_t count, const OpState& opState) {
-  const shoal_compress_tensor_t& tensor = op->tensors[t];
-  const shoal_dtype_t dtype = tensor.input.dtype;
-  const size_t bytes = count * shoal_dtype_size(dtype);
-  auto* state = static_cast<TensorState*>(*tensor.state);
-  // Puts a fresh or loaded (host) state where the op's tensors are.
-  auto place = [&]([[maybe_unused]] TensorState* placed) -> bool {  // used by the CUDA build
-    if (!opState.onDevice) return true;
-#if SHOAL_WITH_CUDA
-    if (const char* error = moveToDevice(placed, opState.device)) {
-      writeText(op->error_text, op->error_text_size, "topk: no room for the residual of '%s' (%zu bytes) on %s: %s",
-                tensor.name, bytes, placeText(true, opState.device).c_str(), error);
-      return false;
-    }
-#endif
-    return true;
-  };
-  if (state == nullptr) {
-    state = newState(bytes);
-    if (state == nullptr) {
-      writeText(op->error_text, op->error_text_size, "topk: out of host memory for the residual of '%s' (%zu bytes)",
-                tensor.name, bytes);
-      return nullptr;
-    }
-    if (!place(state)) {
-      freeState(state);
-      return nullptr;
-    }
-    state->typed = true;
-    state->dtype = dtype;
-    state->count = count;
-    *tensor.state = state;
-    return state;
-  }
-  if (!state->typed) {
-    if (state->bytes != bytes) {
-      writeText(op->error_text, op->error_text_size,
-                "topk: the state loaded for tensor '%s' holds %zu bytes, but the tensor has %zu elements of %s "
-                "(%zu bytes): load the error vector saved for this tensor",
-                tensor.name, state->bytes, count, shoal_dtype_name(dtype), bytes);
-      return nullptr;
-    }
-    if (!state->onDevice && !place(state)) return nullptr;
-    state->typed = true;
-    state->dtype = dtype;
-    state->count = count;
-    return state;
-  }
-  if (state->onDevice != opState.onDevice || (state->onDevice && state->device != opState.device)) {
-    writeText(op->error_text, op->error_text_size,
-              "topk: tensor '%s' kept its residual in %s in earlier calls and is now in %s: a name must stay where "
-              "it is (save its state, and load it under a new name)",
-              tensor.name, placeText(state->onDevice, state->device).c_str(),
-              placeText(opState.onDevice, opState.device).c_str());
-    return nullptr;
-  }
-  if (state->dtype != dtype || state->count != count) {
-    writeText(op->error_text, op->error_text_size,
-              "topk: tensor '%s' had %zu elements of %s in earlier calls and now has %zu elements of %s: a name "
-              "must keep its dtype and size (its residual belongs to that shape)",
-              tensor.name, state->count, shoal_dtype_name(state->dtype), count, shoal_dtype_name(dtype));
-    return nullptr;
-  }
-  return state;
-}
-
 shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opState) {
   auto* instance = static_cast<Instance*>(instancePointer);
   if (op->op != SHOAL_SUM && op->op != SHOAL_AVG) {
@@ -460,42 +266,6 @@ shoal_status_t start(void* instancePointer, shoal_compress_op_t* op, void** opSt
   return SHOAL_OK;
 }
 
-#if SHOAL_WITH_CUDA
-shoal_status_t cudaFailure(shoal_compress_op_t* op, const OpState& state, const char* what, const char* error) {
-  writeText(op->error_text, op->error_text_size, "topk: %s on CUDA device %d failed: %s", what, state.device, error);
-  return SHOAL_ERR_INTERNAL;
-}
-
-shoal_status_t encodeRoundOnDevice(OpState& state, shoal_compress_op_t* op, shoal_round_t* round,
-                                   const std::vector<size_t>& kept, size_t totalKept) {
-  cuda::DeviceScope scope(state.device);
-  if (scope.error()) return cudaFailure(op, state, "selecting the device", scope.error());
-  void* pairs = nullptr;
-  if (const char* error = cuda::allocAsync(&pairs, 2 * totalKept * sizeof(uint64_t), state.stream)) {
-    writeText(op->error_text, op->error_text_size, "topk: no device memory for the payload (%zu bytes on device %d): %s",
-              2 * totalKept * sizeof(uint64_t), state.device, error);
-    return SHOAL_ERR_NO_MEMORY;
-  }
-  state.devicePairs = static_cast<uint64_t*>(pairs);
-  uint64_t* written = state.devicePairs;
-  for (int t = 0; t < op->num_tensors; ++t) {
-    const shoal_compress_tensor_t& tensor = op->tensors[t];
-    TensorState* error = state.errors[t];
-    if (const char* failure =
-            topk::encodeOnDevice(tensor.input.dtype, tensor.input.data, error ? error->data : nullptr,
-                                 state.offsets[t + 1] - state.offsets[t], kept[t], state.offsets[t], written,
-                                 state.stream))
-      return cudaFailure(op, state, "the selection", failure);
-    if (error != nullptr)
-      if (const char* failure = cuda::recordEvent(error->lastUse, state.stream))
-        return cudaFailure(op, state, "recording the residual's last use", failure);
-    written += 2 * kept[t];
-  }
-  requestOnePayload(round, SHOAL_COLLECTIVE_ALLGATHERV, SHOAL_U64, SHOAL_SUM, state.devicePairs, 2 * totalKept);
-  return SHOAL_OK;
-}
-#endif
-
 shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
   const int tensors = op->num_tensors;
   std::vector<size_t> kept(tensors);
@@ -551,43 +321,6 @@ size_t addRun(const unsigned char* words, size_t p, size_t pairs, uint64_t first
   }
   return p;
 }
-
-#if SHOAL_WITH_CUDA
-// Round 1 on the device: zero, add every rank's pairs in rank order, divide
-// for avg; then wait for the stream once to read the malformed-pair count.
-shoal_status_t decodeOnDevice(OpState& state, shoal_compress_op_t* op, const shoal_payload_t& payload,
-                              unsigned* badPairs) {
-  cuda::DeviceScope scope(state.device);
-  if (scope.error()) return cudaFailure(op, state, "selecting the device", scope.error());
-  const int tensors = op->num_tensors;
-  std::vector<topk::DeviceOutput> outputs(tensors);
-  for (int t = 0; t < tensors; ++t) {
-    const shoal_tensor_t& output = op->tensors[t].output;
-    outputs[t] = {output.data, output.dtype, state.offsets[t], state.offsets[t + 1]};
-    const size_t bytes = (state.offsets[t + 1] - state.offsets[t]) * shoal_dtype_size(output.dtype);
-    if (const char* failure = cuda::zeroAsync(output.data, bytes, state.stream))
-      return cudaFailure(op, state, "zeroing an output", failure);
-  }
-  const size_t tableBytes = (tensors * sizeof(topk::DeviceOutput) + 15) / 16 * 16;
-  if (const char* failure = cuda::allocAsync(&state.deviceDecode, tableBytes + sizeof(unsigned), state.stream))
-    return cudaFailure(op, state, "allocating the outputs' table", failure);
-  auto* table = static_cast<topk::DeviceOutput*>(state.deviceDecode);
-  auto* deviceBad = reinterpret_cast<unsigned*>(static_cast<unsigned char*>(state.deviceDecode) + tableBytes);
-  const char* failure = cuda::copyAsync(table, outputs.data(), tensors * sizeof(topk::DeviceOutput), state.stream);
-  if (!failure) failure = cuda::zeroAsync(deviceBad, sizeof(unsigned), state.stream);
-  if (!failure)
-    failure = topk::addPairsOnDevice(table, tensors, state.offsets[tensors],
-                                     static_cast<const uint64_t*>(payload.gathered), payload.gathered_counts,
-                                     payload.gathered_displs, op->world_size, deviceBad, state.stream);
-  for (int t = 0; t < tensors && !failure && op->op == SHOAL_AVG; ++t)
-    failure = topk::divideOnDevice(outputs[t].dtype, outputs[t].data, state.offsets[t + 1] - state.offsets[t],
-                                   op->world_size, state.stream);
-  if (!failure) failure = cuda::copyAsync(badPairs, deviceBad, sizeof(unsigned), state.stream);
-  if (!failure) failure = cuda::synchronize(state.stream);
-  if (failure) return cudaFailure(op, state, "adding the gathered pairs", failure);
-  return SHOAL_OK;
-}
-#endif
 
 shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_t* round) {
   auto broken = [&](auto... args) {
@@ -702,87 +435,9 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
 void finish(void*, void* opStatePointer) {
   auto* state = static_cast<OpState*>(opStatePointer);
 #if SHOAL_WITH_CUDA
-  if (state->onDevice) {
-    cuda::DeviceScope scope(state->device);
-    cuda::freeAsync(state->devicePairs, state->stream);  // stream-ordered: after the kernels that use them
-    cuda::freeAsync(state->deviceDecode, state->stream);
-  }
+  if (state->onDevice) releaseDeviceMemory(*state);
 #endif
   delete state;
-}
-
-// ---- tensor state ------------------------------------------------------------------
-
-void destroyTensorState(void*, void* state) { freeState(static_cast<TensorState*>(state)); }
-
-shoal_status_t saveTensorState(void*, const void* statePointer, void* buffer, size_t* bytes) {
-  const auto* state = static_cast<const TensorState*>(statePointer);
-  if (state == nullptr || bytes == nullptr) return state == nullptr ? SHOAL_ERR_NOT_FOUND : SHOAL_ERR_INVALID_ARGUMENT;
-  if (buffer == nullptr) {
-    *bytes = state->bytes;
-    return SHOAL_OK;
-  }
-  if (*bytes < state->bytes) {
-    *bytes = state->bytes;
-    return SHOAL_ERR_INVALID_ARGUMENT;  // buffer too small: *bytes says how much is needed
-  }
-  if (state->onDevice) {
-#if SHOAL_WITH_CUDA
-    cuda::DeviceScope scope(state->device);
-    const char* error = scope.error();
-    if (!error) error = cuda::waitEvent(state->lastUse);
-    if (!error) error = cuda::copyBlocking(buffer, state->data, state->bytes);
-    if (error) return SHOAL_ERR_INTERNAL;
-#endif
-  } else if (state->bytes > 0) {
-    std::memcpy(buffer, state->data, state->bytes);
-  }
-  *bytes = state->bytes;
-  return SHOAL_OK;
-}
-
-shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const void* buffer, size_t bytes) {
-  const auto& instance = *static_cast<const Instance*>(instancePointer);
-  if (statePointer == nullptr || (buffer == nullptr && bytes > 0)) return SHOAL_ERR_INVALID_ARGUMENT;
-  if (!instance.ef) {
-    logText(instance.log, 1, "topk: ef=0 keeps no state; nothing to load");
-    return SHOAL_ERR_UNSUPPORTED;
-  }
-  if (bytes % sizeof(float) != 0) {
-    logText(instance.log, 1, "topk: a state of %zu bytes is no error vector of f32 or f64 elements", bytes);
-    return SHOAL_ERR_INVALID_ARGUMENT;
-  }
-  auto* state = static_cast<TensorState*>(*statePointer);
-  if (state == nullptr) {
-    state = newState(bytes);
-    if (state == nullptr) return SHOAL_ERR_NO_MEMORY;
-    if (bytes > 0) std::memcpy(state->data, buffer, bytes);
-    *statePointer = state;  // untyped until the tensor's next call checks the size
-    return SHOAL_OK;
-  }
-  if (bytes != state->bytes) {
-    if (state->typed)
-      logText(instance.log, 1, "topk: the tensor's error vector has %zu elements of %s (%zu bytes); got %zu bytes",
-                 state->count, shoal_dtype_name(state->dtype), state->bytes, bytes);
-    else
-      logText(instance.log, 1, "topk: the tensor's loaded state has %zu bytes; got %zu bytes", state->bytes, bytes);
-    return SHOAL_ERR_INVALID_ARGUMENT;
-  }
-  if (state->onDevice) {
-#if SHOAL_WITH_CUDA
-    cuda::DeviceScope scope(state->device);
-    const char* error = scope.error();
-    if (!error) error = cuda::waitEvent(state->lastUse);
-    if (!error) error = cuda::copyBlocking(state->data, buffer, bytes);
-    if (error) {
-      logText(instance.log, 0, "topk: loading the state into CUDA device %d failed: %s", state->device, error);
-      return SHOAL_ERR_INTERNAL;
-    }
-#endif
-    return SHOAL_OK;
-  }
-  if (bytes > 0) std::memcpy(state->data, buffer, bytes);
-  return SHOAL_OK;
 }
 
 #if SHOAL_WITH_CUDA
@@ -792,24 +447,24 @@ constexpr uint64_t kCudaCap = 0;
 #endif
 
 const shoal_compressor_t kTopk = {
-    SHOAL_COMPRESSOR_ABI_VERSION,
-    sizeof(shoal_compressor_t),
-    "topk",
-    "top-k sparsification: each rank sends its k largest |g + e| as (index, value) pairs (allgatherv); "
-    "error feedback keeps the rest for the next call",
-    kOptionsHelp,
-    SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | kCudaCap,
-    SHOAL_ERROR_FEEDBACK,
-    0.0,
-    (1u << SHOAL_F32) | (1u << SHOAL_F64),
-    create,
-    destroy,
-    start,
-    round,
-    finish,
-    destroyTensorState,
-    saveTensorState,
-    loadTensorState,
+    .abi_version = SHOAL_COMPRESSOR_ABI_VERSION,
+    .struct_size = sizeof(shoal_compressor_t),
+    .name = "topk",
+    .description = "top-k sparsification: each rank sends its k largest |g + e| as (index, value) pairs "
+                   "(allgatherv); error feedback keeps the rest for the next call",
+    .options_help = kOptionsHelp,
+    .caps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | kCudaCap,
+    .error_kind = SHOAL_ERROR_FEEDBACK,
+    .error_bound = 0.0,
+    .dtypes = (1u << SHOAL_F32) | (1u << SHOAL_F64),
+    .create = create,
+    .destroy = destroy,
+    .start = start,
+    .round = round,
+    .finish = finish,
+    .destroy_tensor_state = destroyTensorState,
+    .save_tensor_state = saveTensorState,
+    .load_tensor_state = loadTensorState,
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // topk on the device: error feedback, selection by CUB's radix sort, pair
-// packing and the rank-ordered sum. See topk_cuda.h and topk.cc.
+// packing and the rank-ordered sum. See topk_cuda.h, topk.cc and topk_device.cc.
 //
 // Selection: keys = magnitudeKey (topk_math.h) with the indices as values,
 // sorted descending by cub::DeviceRadixSort, which is stable: equal keys keep

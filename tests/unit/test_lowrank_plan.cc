@@ -18,6 +18,7 @@
 
 #include "core/numeric/element_ops.h"
 #include "compressors/powersgd/powersgd_engine.h"
+#include "harness/compressor_rounds.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
@@ -26,6 +27,7 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::runRanks;
 
 using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
@@ -251,10 +253,10 @@ TEST_P(PlanDtype, StateSaveLoadResumesBitIdentically) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, PlanDtype, ::testing::Values(SHOAL_F32, SHOAL_F16, SHOAL_BF16),
                          [](const auto& info) { return std::string(shoal_dtype_name(info.param)); });
 
-// Several tensors in one compressor call (the table driven directly) and the
-// plan's split phases, 2 ranks simulated in one thread with the same sums: the
-// same payloads and outputs, bit for bit. Two same-shape matrices are adjacent
-// in P whatever their order in the call.
+// Several tensors in one compressor call (the table driven by
+// harness/compressor_rounds.h) and the plan's split phases, 2 ranks simulated
+// in one thread with the same sums: the same payloads and outputs, bit for bit.
+// Two same-shape matrices are adjacent in P whatever their order in the call.
 TEST(LowrankPlan, SplitPhasesEqualTheCompressorTable) {
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("powersgd", &table), SHOAL_OK) << shoal_last_error(nullptr);
@@ -262,128 +264,101 @@ TEST(LowrankPlan, SplitPhasesEqualTheCompressorTable) {
   const size_t rows[count] = {40, 10, 30, 40}, cols[count] = {24, 1, 20, 24};
   const char* names[count] = {"t/a", "t/bias", "t/b", "t/c"};
   std::vector<shoal_lowrank_matrix_t> matrices;
-  for (int t = 0; t < count; ++t)
+  std::vector<CompressorRounds::TensorSpec> specs;
+  for (int t = 0; t < count; ++t) {
     matrices.push_back({int64_t(rows[t]), int64_t(cols[t]), 0, cols[t] == 1 ? SHOAL_LOWRANK_DENSE : 0u, names[t]});
+    specs.push_back({SHOAL_F32, cols[t] > 1 ? std::vector<int64_t>{int64_t(rows[t]), int64_t(cols[t])}
+                                            : std::vector<int64_t>{int64_t(rows[t])}, names[t]});
+  }
   shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
   config.rank = 2;
-  const char* keys[] = {"rank"};
-  const char* values[] = {"2"};
-  struct Rank {
-    void* instance = nullptr;
-    std::vector<void*> states = std::vector<void*>(4, nullptr);
+  struct Side {  // one rank's plan, stepped beside the table
     shoal_lowrank_plan_t plan = nullptr;
     std::vector<float> pbuf, qbuf;
+    std::vector<std::vector<float>> out;
   };
-  std::vector<Rank> ranks(n);
-  for (Rank& r : ranks) {
-    char error[256] = {};
-    shoal_compressor_params_t params{sizeof(shoal_compressor_params_t), 1, keys, values, nullptr, error, sizeof error};
-    ASSERT_EQ(table->create(&params, &r.instance), SHOAL_OK) << error;
-    r.plan = makePlan(matrices, config);
+  std::vector<Side> sides(n);
+  for (Side& side : sides) {
+    side.plan = makePlan(matrices, config);
     shoal_lowrank_sizes_t sizes = SHOAL_LOWRANK_SIZES_INIT;
-    ASSERT_EQ(shoal_lowrank_plan_sizes(r.plan, &sizes), SHOAL_OK);
+    ASSERT_EQ(shoal_lowrank_plan_sizes(side.plan, &sizes), SHOAL_OK);
     EXPECT_EQ(sizes.compressed, 3u);
     EXPECT_EQ(sizes.dense_elems, 10u);
     EXPECT_EQ(sizes.p_elems, 40 * 24 * 2 + 10 + 30 * 20u);  // plain steps: every tensor densely
     EXPECT_EQ(sizes.q_elems, (24 + 20 + 24) * 2u);
-    r.pbuf.resize(sizes.p_elems);
-    r.qbuf.resize(sizes.q_elems);
+    side.pbuf.resize(sizes.p_elems);
+    side.qbuf.resize(sizes.q_elems);
   }
-  auto sumInPlace = [&](std::vector<float*> buffers, size_t elems) {
-    std::vector<float> sum(elems, 0.0f);
-    for (float* b : buffers)
-      for (size_t i = 0; i < elems; ++i) sum[i] += b[i];
-    for (float* b : buffers) std::memcpy(b, sum.data(), elems * 4);
-  };
-  for (int step = 0; step < 3; ++step) {
-    std::vector<std::vector<std::vector<float>>> in(n), outTable(n), outPlan(n);
-    std::vector<std::vector<shoal_compress_tensor_t>> tensors(n);
-    std::vector<shoal_compress_op_t> ops(n);
-    std::vector<void*> opStates(n);
-    std::vector<shoal_round_t> rounds(n);
-    char error[256] = {};
-    for (int w = 0; w < n; ++w) {
-      for (int t = 0; t < count; ++t) {
-        std::vector<uint8_t> g = gradient(SHOAL_F32, w, 10 * step + t, rows[t], cols[t], t == 3 ? 0 : 1);
-        in[w].emplace_back(rows[t] * cols[t]);
-        std::memcpy(in[w][t].data(), g.data(), g.size());
-        outTable[w].emplace_back(rows[t] * cols[t], -1.0f);
-        outPlan[w].emplace_back(rows[t] * cols[t], -2.0f);
-        shoal_compress_tensor_t tensor{};
-        tensor.input = shoal_tensor_1d(in[w][t].data(), rows[t] * cols[t], SHOAL_F32);
-        if (cols[t] > 1) tensor.input.ndim = 2, tensor.input.shape[0] = int64_t(rows[t]), tensor.input.shape[1] = int64_t(cols[t]);
-        tensor.output = tensor.input;
-        tensor.output.data = outTable[w][t].data();
-        tensor.name = names[t];
-        tensor.state = &ranks[w].states[t];
-        tensors[w].push_back(tensor);
-      }
-      ops[w] = shoal_compress_op_t{sizeof(shoal_compress_op_t), w, n, SHOAL_AVG, count, tensors[w].data(),
-                                   uint64_t(step), error, sizeof error};
-      ASSERT_EQ(table->start(ranks[w].instance, &ops[w], &opStates[w]), SHOAL_OK) << error;
-      rounds[w] = shoal_round_t{};
-      rounds[w].struct_size = sizeof(shoal_round_t);
-    }
-    // Plan phase P and the table's round 0 hand out the same P buffer.
-    std::vector<float*> tableBuffers, planBuffers;
-    for (int w = 0; w < n; ++w) {
-      ASSERT_EQ(table->round(ranks[w].instance, opStates[w], &ops[w], &rounds[w]), SHOAL_OK) << error;
+  CompressorRounds rounds(table, n);
+  ASSERT_EQ(rounds.create({{"rank", "2"}}), SHOAL_OK) << rounds.error(rounds.failedRank());
+  int step = 0;
+  // After the table's round on rank w, the plan's phase on rank w: the same buffer.
+  rounds.observe([&](int w, const shoal_round_t& round) {
+    Side& side = sides[w];
+    if (round.index == 0) {
       std::vector<const void*> grads;
-      for (int t = 0; t < count; ++t) grads.push_back(in[w][t].data());
+      for (int t = 0; t < count; ++t) grads.push_back(rounds.input(w, t));
       size_t pCount = 0;
-      ASSERT_EQ(shoal_lowrank_phase_p(ranks[w].plan, grads.data(), ranks[w].pbuf.data(), &pCount), SHOAL_OK)
+      ASSERT_EQ(shoal_lowrank_phase_p(side.plan, grads.data(), side.pbuf.data(), &pCount), SHOAL_OK)
           << shoal_last_error(nullptr);
-      ASSERT_EQ(rounds[w].payloads[0].count, pCount);
-      ASSERT_EQ(std::memcmp(rounds[w].payloads[0].buffer, ranks[w].pbuf.data(), pCount * 4), 0) << "step " << step;
-      tableBuffers.push_back(static_cast<float*>(rounds[w].payloads[0].buffer));
-      planBuffers.push_back(ranks[w].pbuf.data());
-    }
-    EXPECT_EQ(rounds[0].payloads[0].count, (40 + 30 + 40) * 2 + 10u);
-    sumInPlace(tableBuffers, rounds[0].payloads[0].count);
-    sumInPlace(planBuffers, rounds[0].payloads[0].count);
-    tableBuffers.clear(), planBuffers.clear();
-    for (int w = 0; w < n; ++w) {
-      rounds[w].index = 1;
-      ASSERT_EQ(table->round(ranks[w].instance, opStates[w], &ops[w], &rounds[w]), SHOAL_OK) << error;
+      ASSERT_EQ(round.payloads[0].count, pCount);
+      ASSERT_EQ(std::memcmp(round.payloads[0].buffer, side.pbuf.data(), pCount * 4), 0) << "step " << step;
+    } else if (round.index == 1) {
       size_t qCount = 0;
-      ASSERT_EQ(shoal_lowrank_phase_q(ranks[w].plan, ranks[w].pbuf.data(), ranks[w].qbuf.data(), &qCount), SHOAL_OK)
+      ASSERT_EQ(shoal_lowrank_phase_q(side.plan, side.pbuf.data(), side.qbuf.data(), &qCount), SHOAL_OK)
           << shoal_last_error(nullptr);
-      ASSERT_EQ(rounds[w].payloads[0].count, qCount);
-      ASSERT_EQ(std::memcmp(rounds[w].payloads[0].buffer, ranks[w].qbuf.data(), qCount * 4), 0) << "step " << step;
-      tableBuffers.push_back(static_cast<float*>(rounds[w].payloads[0].buffer));
-      planBuffers.push_back(ranks[w].qbuf.data());
-    }
-    sumInPlace(tableBuffers, rounds[0].payloads[0].count);
-    sumInPlace(planBuffers, rounds[0].payloads[0].count);
-    for (int w = 0; w < n; ++w) {
-      rounds[w].index = 2;
-      ASSERT_EQ(table->round(ranks[w].instance, opStates[w], &ops[w], &rounds[w]), SHOAL_OK) << error;
-      ASSERT_EQ(rounds[w].done, 1);
-      table->finish(ranks[w].instance, opStates[w]);
+      ASSERT_EQ(round.payloads[0].count, qCount);
+      ASSERT_EQ(std::memcmp(round.payloads[0].buffer, side.qbuf.data(), qCount * 4), 0) << "step " << step;
+    } else {
+      ASSERT_EQ(round.done, 1);
+      side.out.assign(count, {});
       std::vector<void*> outs;
-      for (int t = 0; t < count; ++t) outs.push_back(outPlan[w][t].data());
-      ASSERT_EQ(shoal_lowrank_finish(ranks[w].plan, ranks[w].pbuf.data(), ranks[w].qbuf.data(), outs.data(), n,
-                                     SHOAL_AVG),
+      for (int t = 0; t < count; ++t) {
+        side.out[t].assign(rows[t] * cols[t], -2.0f);
+        outs.push_back(side.out[t].data());
+      }
+      ASSERT_EQ(shoal_lowrank_finish(side.plan, side.pbuf.data(), side.qbuf.data(), outs.data(), n, SHOAL_AVG),
                 SHOAL_OK)
           << shoal_last_error(nullptr);
-      EXPECT_EQ(outTable[w], outPlan[w]) << "step " << step << " rank " << w;
+    }
+  });
+  // The table's payload was summed over the ranks in rank order (as shoal's
+  // Reducer does: rank 0's values, then each next rank's added): sum the
+  // plans' buffers the same way.
+  auto sumThePlans = [&](shoal::test::Delivered& delivered) {
+    const size_t elems = delivered.bytes.size() / 4;
+    if (delivered.round == 0) EXPECT_EQ(elems, (40 + 30 + 40) * 2 + 10u);
+    auto buffer = [&](Side& side) { return delivered.round == 0 ? side.pbuf.data() : side.qbuf.data(); };
+    std::vector<float> sum(buffer(sides[0]), buffer(sides[0]) + elems);
+    for (int w = 1; w < n; ++w)
+      for (size_t i = 0; i < elems; ++i) sum[i] += buffer(sides[w])[i];
+    for (Side& side : sides) std::memcpy(buffer(side), sum.data(), elems * 4);
+  };
+  for (step = 0; step < 3; ++step) {
+    auto fill = [&](int w, int t, void* data) {
+      std::vector<uint8_t> g = gradient(SHOAL_F32, w, 10 * step + t, rows[t], cols[t], t == 3 ? 0 : 1);
+      std::memcpy(data, g.data(), g.size());
+    };
+    ASSERT_EQ(rounds.allreduce(specs, SHOAL_AVG, uint64_t(step), fill, sumThePlans), SHOAL_OK)
+        << rounds.error(rounds.failedRank());
+    ASSERT_EQ(rounds.rounds(), 2);
+    for (int w = 0; w < n; ++w) {
+      for (int t = 0; t < count; ++t)
+        EXPECT_EQ(rounds.outputAs<float>(w, t), sides[w].out[t]) << "step " << step << " rank " << w << " tensor " << t;
       // The rank-1 matrices (a, b) and the dense bias are exact up to rounding.
       for (int t : {0, 1, 2}) {
+        const std::vector<float> in0 = rounds.inputAs<float>(0, t), in1 = rounds.inputAs<float>(1, t);
         double worst = 0, scale = 0;
         for (size_t i = 0; i < rows[t] * cols[t]; ++i) {
-          const double want = (double(in[0][t][i]) + double(in[1][t][i])) / 2;
+          const double want = (double(in0[i]) + double(in1[i])) / 2;
           scale = std::max(scale, std::fabs(want));
-          worst = std::max(worst, std::fabs(outPlan[w][t][i] - want));
+          worst = std::max(worst, std::fabs(sides[w].out[t][i] - want));
         }
         EXPECT_LE(worst, 1e-4 * scale) << "step " << step << " tensor " << t;
       }
     }
   }
-  for (Rank& r : ranks) {
-    for (void* state : r.states) table->destroy_tensor_state(r.instance, state);
-    table->destroy(r.instance);
-    shoal_lowrank_plan_destroy(r.plan);
-  }
+  for (Side& side : sides) shoal_lowrank_plan_destroy(side.plan);
 }
 
 // Same-shape matrices are adjacent in P, Q and M, in order of first appearance;

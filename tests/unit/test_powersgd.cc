@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "compressors/powersgd/powersgd_math.h"
+#include "harness/compressor_rounds.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
@@ -20,6 +21,7 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::runRanks;
 
 using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
@@ -379,106 +381,52 @@ TEST(PowerSgd, RefusesBadOptions) {
   });
 }
 
-// The table driven directly, ranks simulated in one thread (allreduce = sum in
-// rank order): a fused call of three tensors, two compressed and one dense, in
-// one P payload [P_a | P_b | dense] and one Q payload [Q_a | Q_b], done after
+// The table driven directly, ranks simulated in one thread (harness/compressor_rounds.h:
+// allreduce = sum in rank order): a fused call of three tensors, two compressed and one
+// dense, in one P payload [P_a | P_b | dense] and one Q payload [Q_a | Q_b], done after
 // round 2; rank-1 sums come out exact, the dense tensor exactly.
 TEST(PowerSgd, FusedTensorsThroughTheTable) {
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("powersgd", &table), SHOAL_OK) << shoal_last_error(nullptr);
   const int n = 2, tensors = 3;
   const size_t rows[tensors] = {40, 10, 30}, cols[tensors] = {24, 1, 20};
-  const int ndim[tensors] = {2, 1, 2};
-  const std::string names[tensors] = {"fused/a", "fused/bias", "fused/b"};
-  struct Rank {
-    void* instance = nullptr;
-    std::vector<std::vector<float>> in, out;
-    std::vector<void*> states;
-    std::vector<shoal_compress_tensor_t> tensors;
-    shoal_compress_op_t op{};
-    void* opState = nullptr;
-    shoal_round_t round{};
-    char error[512] = {};
-  };
-  std::vector<Rank> ranks(n);
-  const char* keys[] = {"rank"};
-  const char* values[] = {"4"};
+  const std::vector<CompressorRounds::TensorSpec> specs = {
+      {SHOAL_F32, {40, 24}, "fused/a"}, {SHOAL_F32, {10}, "fused/bias"}, {SHOAL_F32, {30, 20}, "fused/b"}};
+  CompressorRounds rounds(table, n);
+  ASSERT_EQ(rounds.create({{"rank", "4"}}), SHOAL_OK) << rounds.error(rounds.failedRank());
+  const size_t expectedCount[2] = {40 * 4 + 30 * 4 + 10, 24 * 4 + 20 * 4};
+  rounds.observe([&](int rank, const shoal_round_t& round) {
+    ASSERT_EQ(round.done, round.index == 2 ? 1 : 0) << "rank " << rank << " round " << round.index;
+    if (round.index == 2) return;
+    ASSERT_EQ(round.num_payloads, 1);
+    EXPECT_EQ(round.payloads[0].collective, SHOAL_COLLECTIVE_ALLREDUCE);
+    EXPECT_EQ(round.payloads[0].dtype, SHOAL_F32);
+    EXPECT_EQ(round.payloads[0].count, expectedCount[round.index]);
+  });
   for (int step = 0; step < 2; ++step) {
-    for (int r = 0; r < n; ++r) {
-      Rank& rank = ranks[r];
-      if (step == 0) {
-        shoal_compressor_params_t params{};
-        params.struct_size = sizeof params;
-        params.num_options = 1;
-        params.keys = keys;
-        params.values = values;
-        params.error_text = rank.error;
-        params.error_text_size = sizeof rank.error;
-        ASSERT_EQ(table->create(&params, &rank.instance), SHOAL_OK) << rank.error;
-        rank.states.assign(tensors, nullptr);
-      }
-      rank.in.assign(tensors, {});
-      rank.out.assign(tensors, {});
-      rank.tensors.assign(tensors, {});
-      for (int t = 0; t < tensors; ++t) {
-        rank.in[t] = ndim[t] == 2 ? lowRankGradient(r, 10 * step + t, rows[t], cols[t], 1)
-                                  : std::vector<float>(rows[t], float(r + 1 + t));
-        rank.out[t].assign(rows[t] * cols[t], -1.0f);
-        shoal_compress_tensor_t& tensor = rank.tensors[t];
-        tensor.input = ndim[t] == 2 ? matrix(rank.in[t].data(), rows[t], cols[t])
-                                    : shoal_tensor_1d(rank.in[t].data(), rows[t], SHOAL_F32);
-        tensor.output = tensor.input;
-        tensor.output.data = rank.out[t].data();
-        tensor.name = names[t].c_str();
-        tensor.state = &rank.states[t];
-      }
-      rank.op = shoal_compress_op_t{};
-      rank.op.struct_size = sizeof rank.op;
-      rank.op.rank = r;
-      rank.op.world_size = n;
-      rank.op.op = SHOAL_AVG;
-      rank.op.num_tensors = tensors;
-      rank.op.tensors = rank.tensors.data();
-      rank.op.step = uint64_t(step);
-      rank.op.error_text = rank.error;
-      rank.op.error_text_size = sizeof rank.error;
-      ASSERT_EQ(table->start(rank.instance, &rank.op, &rank.opState), SHOAL_OK) << rank.error;
-      rank.round = shoal_round_t{};
-      rank.round.struct_size = sizeof rank.round;
-    }
-    const size_t expectedCount[2] = {40 * 4 + 30 * 4 + 10, 24 * 4 + 20 * 4};
-    for (int index = 0; index < 3; ++index) {
-      for (int r = 0; r < n; ++r) {
-        Rank& rank = ranks[r];
-        rank.round.index = index;
-        ASSERT_EQ(table->round(rank.instance, rank.opState, &rank.op, &rank.round), SHOAL_OK) << rank.error;
-        ASSERT_EQ(rank.round.done, index == 2 ? 1 : 0) << "round " << index;
-        if (index == 2) continue;
-        ASSERT_EQ(rank.round.num_payloads, 1);
-        EXPECT_EQ(rank.round.payloads[0].collective, SHOAL_COLLECTIVE_ALLREDUCE);
-        EXPECT_EQ(rank.round.payloads[0].dtype, SHOAL_F32);
-        EXPECT_EQ(rank.round.payloads[0].count, expectedCount[index]);
-      }
-      if (index == 2) break;
-      const size_t count = ranks[0].round.payloads[0].count;
-      std::vector<float> sum(count, 0.0f);
-      for (int r = 0; r < n; ++r)
-        for (size_t i = 0; i < count; ++i) sum[i] += static_cast<const float*>(ranks[r].round.payloads[0].buffer)[i];
-      for (int r = 0; r < n; ++r) std::memcpy(ranks[r].round.payloads[0].buffer, sum.data(), count * 4);
-    }
-    for (int r = 0; r < n; ++r) table->finish(ranks[r].instance, ranks[r].opState);
+    auto input = [&](int rank, int t) {
+      return cols[t] > 1 ? lowRankGradient(rank, 10 * step + t, rows[t], cols[t], 1)
+                         : std::vector<float>(rows[t], float(rank + 1 + t));
+    };
+    auto fill = [&](int rank, int t, void* data) {
+      const std::vector<float> g = input(rank, t);
+      std::memcpy(data, g.data(), g.size() * sizeof(float));
+    };
+    ASSERT_EQ(rounds.allreduce(specs, SHOAL_AVG, uint64_t(step), fill), SHOAL_OK)
+        << rounds.error(rounds.failedRank());
+    ASSERT_EQ(rounds.rounds(), 2);
     for (int t = 0; t < tensors; ++t) {
       std::vector<double> want(rows[t] * cols[t], 0.0);
-      for (int r = 0; r < n; ++r)
-        for (size_t i = 0; i < want.size(); ++i) want[i] += ranks[r].in[t][i] / double(n);
-      for (int r = 0; r < n; ++r)
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> g = input(r, t);
+        for (size_t i = 0; i < want.size(); ++i) want[i] += g[i] / double(n);
+      }
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> out = rounds.outputAs<float>(r, t);
         for (size_t i = 0; i < want.size(); ++i)
-          ASSERT_NEAR(ranks[r].out[t][i], want[i], 1e-4 * maxAbs(want)) << "step " << step << " tensor " << t;
+          ASSERT_NEAR(out[i], want[i], 1e-4 * maxAbs(want)) << "step " << step << " tensor " << t;
+      }
     }
-  }
-  for (int r = 0; r < n; ++r) {
-    for (void* state : ranks[r].states) table->destroy_tensor_state(ranks[r].instance, state);
-    table->destroy(ranks[r].instance);
   }
 }
 

@@ -16,11 +16,13 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
+#include "harness/compressor_rounds.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
@@ -28,6 +30,7 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::runRanks;
 
 using shoal::test::mix64;  // splitmix64 (harness/dtype_model.h)
@@ -435,112 +438,50 @@ TEST(Sketch, TableDeclaresExactLossless) {
   EXPECT_EQ(table->dtypes, 1u << SHOAL_F32);
 }
 
-// The table driven directly, n ranks simulated in lockstep (payloads reduced
-// here: u64 sums wrap, f32 sums in rank order, BOR, MAX), with a fused call of
-// several tensors that take different paths in one operation: dense (quarter
-// values), compact, empty, wide range (several limbs), Inf, count 0.
-struct SimRank {
-  void* state = nullptr;
-  std::vector<std::vector<float>> in, out;
-  std::vector<shoal_compress_tensor_t> tensors;
-  shoal_compress_op_t op{};
-  shoal_round_t round{};
-  char error[256] = {};
-};
-
-// perRank: optional instances (created by the caller with the same options), one per rank.
+// The table driven directly, n ranks simulated in lockstep (harness/compressor_rounds.h:
+// payloads reduced with shoal's Reducer in rank order: u64 sums wrap, f32 sums, BOR,
+// MAX), with a fused call of several tensors that take different paths in one
+// operation: dense (quarter values), compact, empty, wide range (several limbs), Inf,
+// count 0. Every rank runs on one instance, or on perRank[r] (created by the caller
+// with the same options); *rounds is the collective rounds the call took.
 void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector<std::vector<Gen>>& gens,
               const std::vector<size_t>& counts, std::vector<std::vector<float>>* outputs, int* rounds,
               const std::vector<void*>* perRank = nullptr) {
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
-  std::vector<std::string> keys, values;
-  std::string text = options;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t comma = text.find(',', pos);
-    std::string kv = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    keys.push_back(kv.substr(0, kv.find('=')));
-    values.push_back(kv.substr(kv.find('=') + 1));
-    pos = comma == std::string::npos ? text.size() : comma + 1;
-  }
   std::vector<const char*> kp, vp;
-  for (size_t i = 0; i < keys.size(); ++i) kp.push_back(keys[i].c_str()), vp.push_back(values[i].c_str());
+  const auto pairs = shoal::test::optionPairs(options);
+  for (const auto& [key, value] : pairs) kp.push_back(key.c_str()), vp.push_back(value.c_str());
   char err[256] = {};
   shoal_compressor_params_t params{sizeof params, int(kp.size()), kp.data(), vp.data(), nullptr, err, sizeof err};
   void* instance = nullptr;
   ASSERT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
-  std::vector<SimRank> ranks(n);
-  const int T = int(counts.size());
-  for (int r = 0; r < n; ++r) {
-    SimRank& R = ranks[r];
-    R.in.resize(T);
-    R.out.resize(T);
-    R.tensors.resize(T);
-    for (int t = 0; t < T; ++t) {
-      R.in[t].resize(counts[t]);
-      R.out[t].assign(counts[t], 999.0f);
-      for (size_t i = 0; i < counts[t]; ++i) R.in[t][i] = gens[t][0](r, i);
-      R.tensors[t].input = shoal_tensor_1d(R.in[t].data(), counts[t], SHOAL_F32);
-      R.tensors[t].output = shoal_tensor_1d(R.out[t].data(), counts[t], SHOAL_F32);
+  std::unique_ptr<void, void (*)(void*)> shared(instance, table->destroy);
+  CompressorRounds run(table, n);
+  run.useInstances(perRank ? *perRank : std::vector<void*>(n, instance));
+  run.observe([&](int rank, const shoal_round_t& round) {
+    for (int p = 0; p < (round.done ? 0 : round.num_payloads); ++p) {
+      const shoal_payload_t& payload = round.payloads[p];
+      EXPECT_EQ(payload.collective, SHOAL_COLLECTIVE_ALLREDUCE) << "rank " << rank << " round " << round.index;
+      if (payload.dtype == SHOAL_F32) EXPECT_EQ(payload.op, SHOAL_SUM);
+      else EXPECT_TRUE(payload.dtype == SHOAL_U64 && (payload.op == SHOAL_SUM || payload.op == SHOAL_BOR ||
+                                                      payload.op == SHOAL_MAX));
     }
-    R.op.struct_size = sizeof R.op;
-    R.op.rank = r;
-    R.op.world_size = n;
-    R.op.op = reduceOp;
-    R.op.num_tensors = T;
-    R.op.tensors = R.tensors.data();
-    R.op.step = 3;
-    R.op.error_text = R.error;
-    R.op.error_text_size = sizeof R.error;
-    ASSERT_EQ(table->start(perRank ? (*perRank)[r] : instance, &R.op, &R.state), SHOAL_OK) << R.error;
-    R.round.struct_size = sizeof R.round;
-  }
-  for (int index = 0;; ++index) {
-    for (SimRank& R : ranks) {
-      R.round.index = index;
-      ASSERT_EQ(table->round(perRank ? (*perRank)[&R - ranks.data()] : instance, R.state, &R.op, &R.round), SHOAL_OK)
-          << R.error;
-    }
-    for (SimRank& R : ranks) ASSERT_EQ(R.round.done, ranks[0].round.done);
-    if (ranks[0].round.done) {
-      *rounds = index;
-      break;
-    }
-    ASSERT_LT(index, 5);
-    for (int p = 0; p < ranks[0].round.num_payloads; ++p) {
-      const shoal_payload_t& P0 = ranks[0].round.payloads[p];
-      for (SimRank& R : ranks) {
-        ASSERT_EQ(R.round.num_payloads, ranks[0].round.num_payloads);
-        ASSERT_EQ(R.round.payloads[p].count, P0.count);
-        ASSERT_EQ(R.round.payloads[p].dtype, P0.dtype);
-        ASSERT_EQ(R.round.payloads[p].op, P0.op);
-        ASSERT_EQ(R.round.payloads[p].collective, SHOAL_COLLECTIVE_ALLREDUCE);
-      }
-      for (size_t i = 0; i < P0.count; ++i) {
-        if (P0.dtype == SHOAL_F32) {
-          ASSERT_EQ(P0.op, SHOAL_SUM);
-          float acc = 0;
-          for (SimRank& R : ranks) acc += static_cast<float*>(R.round.payloads[p].buffer)[i];
-          for (SimRank& R : ranks) static_cast<float*>(R.round.payloads[p].buffer)[i] = acc;
-        } else {
-          ASSERT_EQ(P0.dtype, SHOAL_U64);
-          uint64_t acc = P0.op == SHOAL_SUM || P0.op == SHOAL_BOR || P0.op == SHOAL_MAX ? 0 : 1;
-          for (SimRank& R : ranks) {
-            uint64_t v = static_cast<uint64_t*>(R.round.payloads[p].buffer)[i];
-            acc = P0.op == SHOAL_SUM ? acc + v : P0.op == SHOAL_BOR ? (acc | v) : std::max(acc, v);
-          }
-          for (SimRank& R : ranks) static_cast<uint64_t*>(R.round.payloads[p].buffer)[i] = acc;
-        }
-      }
-    }
-  }
-  for (int r = 0; r < n; ++r) table->finish(perRank ? (*perRank)[r] : instance, ranks[r].state);
-  table->destroy(instance);
+  });
+  std::vector<CompressorRounds::TensorSpec> specs;
+  for (size_t count : counts) specs.push_back({SHOAL_F32, {int64_t(count)}, ""});
+  auto fill = [&](int r, int t, void* data) {
+    auto* values = static_cast<float*>(data);
+    for (size_t i = 0; i < counts[t]; ++i) values[i] = gens[t][0](r, i);
+  };
+  shoal_status_t status = run.start(specs, reduceOp, 3, fill);
+  if (status == SHOAL_OK) status = run.run(nullptr, 6);
+  ASSERT_EQ(status, SHOAL_OK) << run.error(run.failedRank());
+  *rounds = run.rounds();
   outputs->clear();
-  for (int t = 0; t < T; ++t) {
-    for (int r = 1; r < n; ++r)
-      ASSERT_TRUE(ranks[r].out[t] == ranks[0].out[t]);
-    outputs->push_back(ranks[0].out[t]);
+  for (int t = 0; t < int(counts.size()); ++t) {
+    for (int r = 1; r < n; ++r) ASSERT_TRUE(run.outputAs<float>(r, t) == run.outputAs<float>(0, t));
+    outputs->push_back(run.outputAs<float>(0, t));
   }
 }
 

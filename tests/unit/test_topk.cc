@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "compressors/topk/topk_math.h"
+#include "harness/compressor_rounds.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/compressor.h"
@@ -20,6 +21,7 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::runRanks;
 
 bool contains(const std::string& haystack, const std::string& needle) {
@@ -604,8 +606,9 @@ TEST(Topk, CountZeroThroughTheApi) {
   });
 }
 
-// The table driven by hand, as the driver would for a fused group: several
-// tensors (count 0, f32 and f64 mixed) in one payload, n ranks simulated.
+// The table driven as the driver would for a fused group (harness/compressor_rounds.h):
+// several tensors (count 0, f32 and f64 mixed) in one payload, n ranks simulated,
+// two steps so the error feedback carries over.
 TEST(Topk, FusedTensorsInOnePayload) {
   const shoal_compressor_t* table = topkTable();
   ASSERT_NE(table, nullptr);
@@ -614,90 +617,32 @@ TEST(Topk, FusedTensorsInOnePayload) {
   const std::vector<size_t> counts = {0, 5, 7, 1, 0};
   const std::vector<shoal_dtype_t> dtypes = {SHOAL_F32, SHOAL_F32, SHOAL_F64, SHOAL_F32, SHOAL_F64};
   const int tensors = int(counts.size());
-  const std::vector<std::string> names = {"t0", "t1", "t2", "t3", "t4"};
+  std::vector<CompressorRounds::TensorSpec> specs;
+  for (int t = 0; t < tensors; ++t) specs.push_back({dtypes[t], {int64_t(counts[t])}, "t" + std::to_string(t)});
 
-  struct Rank {
-    void* instance = nullptr;
-    std::vector<std::vector<double>> in64, out64;  // per tensor (f64 tensors)
-    std::vector<std::vector<float>> in32, out32;   // per tensor (f32 tensors)
-    std::vector<void*> states;
-    std::vector<shoal_compress_tensor_t> tensors;
-    shoal_compress_op_t op{};
-    void* opState = nullptr;
-    shoal_round_t round{};
-    char error[512] = {};
-  };
-  std::vector<Rank> ranks(n);
+  CompressorRounds rounds(table, n);
+  ASSERT_EQ(rounds.create({{"k", "2"}}), SHOAL_OK) << rounds.error(rounds.failedRank());
+  rounds.observe([&](int rank, const shoal_round_t& round) {
+    if (round.index != 0) return;
+    EXPECT_EQ(round.done, 0) << "rank " << rank;
+    ASSERT_EQ(round.num_payloads, 1) << "rank " << rank;
+    EXPECT_EQ(round.payloads[0].collective, SHOAL_COLLECTIVE_ALLGATHERV);
+    EXPECT_EQ(round.payloads[0].dtype, SHOAL_U64);
+    EXPECT_EQ(round.payloads[0].count, 2 * (0 + 2 + 2 + 1 + 0));  // min(k, count) pairs per tensor, 2 words each
+  });
   for (int step = 0; step < 2; ++step) {
-    std::vector<uint64_t> gathered;
-    std::vector<size_t> gatheredCounts(n), displs(n);
-    for (int r = 0; r < n; ++r) {
-      Rank& rank = ranks[r];
-      if (step == 0) {
-        std::string text;
-        ASSERT_EQ(createWith({{"k", "2"}}, &rank.instance, &text), SHOAL_OK) << text;
-        rank.states.assign(tensors, nullptr);
+    auto fill = [&](int rank, int t, void* data) {
+      if (dtypes[t] == SHOAL_F32) {
+        std::vector<float> g = gradient<float>(t, rank, step, counts[t]);
+        std::memcpy(data, g.data(), g.size() * sizeof(float));
+      } else {
+        std::vector<double> g = gradient<double>(t, rank, step, counts[t]);
+        std::memcpy(data, g.data(), g.size() * sizeof(double));
       }
-      rank.in32.assign(tensors, {});
-      rank.out32.assign(tensors, {});
-      rank.in64.assign(tensors, {});
-      rank.out64.assign(tensors, {});
-      rank.tensors.assign(tensors, {});
-      for (int t = 0; t < tensors; ++t) {
-        shoal_compress_tensor_t& tensor = rank.tensors[t];
-        void* inData;
-        void* outData;
-        if (dtypes[t] == SHOAL_F32) {
-          rank.in32[t] = gradient<float>(t, r, step, counts[t]);
-          rank.out32[t].assign(counts[t], -1.0f);
-          inData = rank.in32[t].data();
-          outData = rank.out32[t].data();
-        } else {
-          rank.in64[t] = gradient<double>(t, r, step, counts[t]);
-          rank.out64[t].assign(counts[t], -1.0);
-          inData = rank.in64[t].data();
-          outData = rank.out64[t].data();
-        }
-        tensor.input = shoal_tensor_1d(inData, counts[t], dtypes[t]);
-        tensor.output = shoal_tensor_1d(outData, counts[t], dtypes[t]);
-        tensor.name = names[t].c_str();
-        tensor.state = &rank.states[t];
-      }
-      rank.op = shoal_compress_op_t{};
-      rank.op.struct_size = sizeof rank.op;
-      rank.op.rank = r;
-      rank.op.world_size = n;
-      rank.op.op = SHOAL_SUM;
-      rank.op.num_tensors = tensors;
-      rank.op.tensors = rank.tensors.data();
-      rank.op.step = uint64_t(step);
-      rank.op.error_text = rank.error;
-      rank.op.error_text_size = sizeof rank.error;
-      ASSERT_EQ(table->start(rank.instance, &rank.op, &rank.opState), SHOAL_OK) << rank.error;
-      rank.round = shoal_round_t{};
-      rank.round.struct_size = sizeof rank.round;
-      ASSERT_EQ(table->round(rank.instance, rank.opState, &rank.op, &rank.round), SHOAL_OK) << rank.error;
-      ASSERT_EQ(rank.round.done, 0);
-      ASSERT_EQ(rank.round.num_payloads, 1);
-      const shoal_payload_t& payload = rank.round.payloads[0];
-      EXPECT_EQ(payload.collective, SHOAL_COLLECTIVE_ALLGATHERV);
-      EXPECT_EQ(payload.dtype, SHOAL_U64);
-      EXPECT_EQ(payload.count, 2 * (0 + 2 + 2 + 1 + 0));  // min(k, count) pairs per tensor, 2 words each
-      displs[r] = gathered.size();
-      gatheredCounts[r] = payload.count;
-      const auto* words = static_cast<const uint64_t*>(payload.buffer);
-      gathered.insert(gathered.end(), words, words + payload.count);
-    }
-    for (int r = 0; r < n; ++r) {
-      Rank& rank = ranks[r];
-      rank.round.payloads[0].gathered = gathered.data();
-      rank.round.payloads[0].gathered_counts = gatheredCounts.data();
-      rank.round.payloads[0].gathered_displs = displs.data();
-      rank.round.index = 1;
-      ASSERT_EQ(table->round(rank.instance, rank.opState, &rank.op, &rank.round), SHOAL_OK) << rank.error;
-      EXPECT_EQ(rank.round.done, 1);
-      table->finish(rank.instance, rank.opState);
-    }
+    };
+    ASSERT_EQ(rounds.allreduce(specs, SHOAL_SUM, uint64_t(step), fill), SHOAL_OK)
+        << rounds.error(rounds.failedRank());
+    EXPECT_EQ(rounds.rounds(), 1) << "one allgatherv, then done";
   }
   // Reference over both steps, per tensor.
   for (int t = 0; t < tensors; ++t) {
@@ -711,7 +656,8 @@ TEST(Topk, FusedTensorsInOnePayload) {
       }
       for (int r = 0; r < n; ++r) {
         std::string where;
-        EXPECT_TRUE(sameBits(ranks[r].out32[t], expected, &where)) << "tensor " << t << " rank " << r << ": " << where;
+        EXPECT_TRUE(sameBits(rounds.outputAs<float>(r, t), expected, &where))
+            << "tensor " << t << " rank " << r << ": " << where;
       }
     } else {
       Reference<double> reference(n, counts[t], k, true);
@@ -723,14 +669,10 @@ TEST(Topk, FusedTensorsInOnePayload) {
       }
       for (int r = 0; r < n; ++r) {
         std::string where;
-        EXPECT_TRUE(sameBits(ranks[r].out64[t], expected, &where)) << "tensor " << t << " rank " << r << ": " << where;
+        EXPECT_TRUE(sameBits(rounds.outputAs<double>(r, t), expected, &where))
+            << "tensor " << t << " rank " << r << ": " << where;
       }
     }
-  }
-  for (Rank& rank : ranks) {
-    for (void* state : rank.states)
-      if (state) table->destroy_tensor_state(rank.instance, state);
-    table->destroy(rank.instance);
   }
 }
 

@@ -18,10 +18,13 @@
 #include <gtest/gtest.h>
 
 #include "compressors/topk/topk_math.h"
+#include "harness/compressor_rounds.h"
 #include "shoal/compressor.h"
 #include "shoal/shoal.h"
 
 namespace {
+
+using shoal::test::CompressorRounds;
 
 template <typename T>
 constexpr shoal_dtype_t dtypeOf() {
@@ -44,51 +47,25 @@ std::vector<uint64_t> gpuRulePairs(const std::vector<T>& values, size_t k, uint6
   return pairs;
 }
 
-// Round 0 of the CPU compressor on one rank (ef=0): its payload words.
+// Round 0 of the CPU compressor on one rank (ef=0): its payload words, as the
+// rank wrote them (harness/compressor_rounds.h runs the whole call).
 template <typename T>
 std::vector<uint64_t> cpuPayload(const std::vector<T>& values, size_t k) {
   const shoal_compressor_t* table = nullptr;
   EXPECT_EQ(shoal_compressor_lookup("topk", &table), SHOAL_OK);
-  std::string kText = std::to_string(k);
-  const char* keys[] = {"k", "ef"};
-  const char* options[] = {kText.c_str(), "0"};
-  char error[512] = {};
-  shoal_compressor_params_t params{};
-  params.struct_size = sizeof params;
-  params.num_options = 2;
-  params.keys = keys;
-  params.values = options;
-  params.error_text = error;
-  params.error_text_size = sizeof error;
-  void* instance = nullptr;
-  EXPECT_EQ(table->create(&params, &instance), SHOAL_OK) << error;
-  std::vector<T> output(values.size());
-  void* state = nullptr;
-  shoal_compress_tensor_t tensor{};
-  tensor.input = shoal_tensor_1d(const_cast<T*>(values.data()), values.size(), dtypeOf<T>());
-  tensor.output = shoal_tensor_1d(output.data(), output.size(), dtypeOf<T>());
-  tensor.name = "g";
-  tensor.state = &state;
-  shoal_compress_op_t op{};
-  op.struct_size = sizeof op;
-  op.world_size = 1;
-  op.op = SHOAL_SUM;
-  op.num_tensors = 1;
-  op.tensors = &tensor;
-  op.error_text = error;
-  op.error_text_size = sizeof error;
-  void* opState = nullptr;
+  CompressorRounds rounds(table, 1);
+  const shoal_status_t created = rounds.create({{"k", std::to_string(k)}, {"ef", "0"}});
+  EXPECT_EQ(created, SHOAL_OK) << rounds.error(0);
   std::vector<uint64_t> words;
-  EXPECT_EQ(table->start(instance, &op, &opState), SHOAL_OK) << error;
-  shoal_round_t round{};
-  round.struct_size = sizeof round;
-  EXPECT_EQ(table->round(instance, opState, &op, &round), SHOAL_OK) << error;
-  if (round.num_payloads == 1) {
+  if (created != SHOAL_OK) return words;
+  rounds.observe([&](int, const shoal_round_t& round) {
+    if (round.index != 0 || round.num_payloads != 1) return;
     const auto* buffer = static_cast<const uint64_t*>(round.payloads[0].buffer);
     words.assign(buffer, buffer + round.payloads[0].count);
-  }
-  table->finish(instance, opState);
-  table->destroy(instance);
+  });
+  auto fill = [&](int, int, void* data) { std::memcpy(data, values.data(), values.size() * sizeof(T)); };
+  EXPECT_EQ(rounds.allreduce({{dtypeOf<T>(), {int64_t(values.size())}, "g"}}, SHOAL_SUM, 0, fill), SHOAL_OK)
+      << rounds.error(0);
   return words;
 }
 
