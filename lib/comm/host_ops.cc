@@ -1,7 +1,9 @@
 #include "comm/host_ops.h"
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "aggregate/client.h"
 #include "comm/call.h"
@@ -10,6 +12,12 @@
 #include "core/log.h"
 
 namespace shoal {
+namespace {
+
+// How often a rank waiting on the aggregator looks for a peer in another call.
+constexpr auto kOtherCallProbePeriod = std::chrono::milliseconds(20);
+
+}  // namespace
 
 void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
                     shoal_dtype_t dtype, shoal_op_t op) {
@@ -88,9 +96,29 @@ void aggregateAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, v
       SHOAL_LOG_INFO("SHOAL_ALGO=aggregate: rank {} connected to {} aggregator(s): {}", comm.rank, endpoints.size(),
                      list);
     }
+    // A rank whose call went elsewhere (an op the aggregator cannot add takes
+    // the ring) sends its messages over the transport, where they wait with
+    // another signature: probe for them now and then, as a shared-memory wait
+    // does, so that both sides fail with MISMATCH instead of at the deadline.
+    Clock::time_point nextProbe = Clock::now() + kOtherCallProbePeriod;
+    auto checkPeers = [&] {
+      comm.transport->checkNotAborted();
+      if (Clock::now() < nextProbe) return;
+      nextProbe = Clock::now() + kOtherCallProbePeriod;
+      comm.transport->checkForOtherCalls(context.tagBase);
+    };
+    // The aggregator compares every rank's signature, slot by slot: a dtype
+    // of the same size or avg against sum (both travel as sums) is MISMATCH.
     shoal_op_t wireOp = op == SHOAL_AVG ? SHOAL_SUM : op;
-    comm.aggregator->allreduce(sequence, send, recv, count, dtype, wireOp, context.deadline,
-                               [&] { comm.transport->checkNotAborted(); });
+    try {
+      comm.aggregator->allreduce(sequence, comm.call.digest(), send, recv, count, dtype, wireOp, context.deadline,
+                                 checkPeers);
+    } catch (const Error& error) {
+      // The aggregator's text names the ranks; add what this rank called.
+      const bool named = std::string_view(error.what()).find("This rank's call") != std::string_view::npos;
+      if (error.status() != SHOAL_ERR_MISMATCH || named) throw;
+      throw Error(SHOAL_ERR_MISMATCH, fmt::format("{}. This rank's call: {}", error.what(), comm.call.describe()));
+    }
     if (op == SHOAL_AVG) Reducer(dtype, op).finish(recv, count, comm.size);
   });
 }
