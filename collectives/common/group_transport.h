@@ -37,6 +37,7 @@ class GroupTransport final : public Transport {
   std::string failure() const override { return parent_.failure(); }
   std::string describePeer(int peer) const override { return parent_.describePeer(members_[peer]); }
   void checkForOtherCalls(uint64_t tag) override { parent_.checkForOtherCalls(tag); }
+  void checkForMessagesOf(uint64_t tag) override { parent_.checkForMessagesOf(tag); }
 
  private:
   Transport& parent_;

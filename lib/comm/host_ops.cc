@@ -149,7 +149,7 @@ void aggregateAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, v
       comm.transport->checkNotAborted();
       if (Clock::now() < nextProbe) return;
       nextProbe = Clock::now() + kOtherCallProbePeriod;
-      comm.transport->checkForOtherCalls(context.tagBase);
+      comm.transport->checkForMessagesOf(context.tagBase);
     };
     // The aggregator compares every rank's signature, slot by slot: a dtype
     // of the same size or avg against sum (both travel as sums) is MISMATCH.
