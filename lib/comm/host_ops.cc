@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "aggregate/client.h"
 #include "comm/call.h"
@@ -16,6 +17,8 @@ namespace {
 
 // How often a rank waiting on the aggregator looks for a peer in another call.
 constexpr auto kOtherCallProbePeriod = std::chrono::milliseconds(20);
+// How long an aggregator failure waits for a peer's abort notice that says why.
+constexpr double kAbortNoticeGraceS = 0.2;
 
 }  // namespace
 
@@ -158,6 +161,18 @@ void aggregateAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, v
       comm.aggregator->allreduce(sequence, comm.call.digest(), send, recv, count, dtype, wireOp, context.deadline,
                                  checkPeers);
     } catch (const Error& error) {
+      // A peer that gave up on this call (it found a peer in another call)
+      // closes its communicator and leaves the aggregator, whose word of that
+      // can overtake the peer's abort notice, which says why: wait a moment
+      // for the notice (checkNotAborted throws it).
+      if (error.status() != SHOAL_ERR_MISMATCH) {
+        const Deadline grace = deadlineAfter(kAbortNoticeGraceS);
+        while (Clock::now() < grace) {
+          comm.transport->checkNotAborted();
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        throw;
+      }
       // The aggregator's text names the ranks; add what this rank called.
       const bool named = std::string_view(error.what()).find("This rank's call") != std::string_view::npos;
       if (error.status() != SHOAL_ERR_MISMATCH || named) throw;

@@ -289,6 +289,13 @@ void expectStraddleMismatch(int size, const std::function<size_t(int rank)>& cou
     EXPECT_EQ(result.exitCode, 0) << "(7: not MISMATCH, 8: slower than 2 s)\n" << describe(results);
     EXPECT_NE(result.text.find("disagree"), std::string::npos) << describe(results);
   }
+  // How long each rank took to fail (docs/reliability-agreement.md quotes these).
+  std::string times;
+  for (const RankResult& result : results) {
+    size_t after = result.text.find(" after ");
+    if (after != std::string::npos) times += result.text.substr(after, result.text.find(" s:", after) + 2 - after);
+  }
+  std::printf("failed%s\n", times.c_str());
 }
 
 constexpr size_t kBelow = 16;    // 64 bytes of f32: the segment
