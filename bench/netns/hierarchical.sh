@@ -2,15 +2,18 @@
 # Hierarchical against flat ring allreduce on the emulated cluster: H host namespaces with K
 # ranks in each (run.sh --ranks-per-host), every host link limited to RATE, one SIZE, REPEATS
 # runs of each algorithm; prints every run's time and the medians (docs/benchmarks.md,
-# "Hierarchical allreduce"). Needs root; makes and removes its own namespaces.
+# "Hierarchical allreduce"). Needs root; makes and removes its own namespaces. With
+# --compressor NAME both runs compress (shoal-bench --compressor): the ring compresses over every
+# rank, the hierarchical algorithm only across hosts (docs/groups.md).
 #
 #   bench/netns/hierarchical.sh [--build DIR] [--hosts H] [--per-host K] [--rate 1gbit]
-#                               [--size 64M] [--repeats 3] [--iters 5]
+#                               [--size 64M] [--repeats 3] [--iters 5] [--compressor NAME]
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$here/../../build"
 hosts=2 per_host=2 rate=1gbit size=64M repeats=3 iters=5
+compress=()
 name=shoalhier subnet=10.213.0
 while (($#)); do
   case "$1" in
@@ -21,6 +24,7 @@ while (($#)); do
     --size) size="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
+    --compressor) compress=(--compressor "$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "hierarchical.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -36,7 +40,7 @@ for ((i = 1; i <= repeats; i++)); do
   for algo in ring hierarchical; do
     json="$out/$algo.$i.json"
     "$here/run.sh" --name "$name" --ranks-per-host "$per_host" --timeout-s 300 \
-      "$bench" allreduce -b "$size" -e "$size" -n "$iters" -w 1 -c 1 --algo "$algo" -J "$json" > "$out/$algo.$i.log" 2>&1 ||
+      "$bench" allreduce -b "$size" -e "$size" -n "$iters" -w 1 -c 1 --algo "$algo" "${compress[@]}" -J "$json" > "$out/$algo.$i.log" 2>&1 ||
       { echo "hierarchical.sh: $algo run $i failed:" >&2; cat "$out/$algo.$i.log" >&2; exit 1; }
   done
 done
@@ -44,12 +48,12 @@ done
 # do not depend on how busy the machine's CPUs are.
 for algo in ring hierarchical; do
   "$here/wire.sh" --name "$name" "$out/$algo.wire.json" -- "$here/run.sh" --name "$name" --ranks-per-host "$per_host" \
-    --timeout-s 300 "$bench" allreduce -b "$size" -e "$size" -n 1 -w 0 -c 0 --algo "$algo" > "$out/$algo.wire.log" 2>&1 ||
+    --timeout-s 300 "$bench" allreduce -b "$size" -e "$size" -n 1 -w 0 -c 0 --algo "$algo" "${compress[@]}" > "$out/$algo.wire.log" 2>&1 ||
     { echo "hierarchical.sh: $algo wire run failed:" >&2; cat "$out/$algo.wire.log" >&2; exit 1; }
 done
-python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "$size" <<'PY'
+python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "$size" "${compress[1]:-none}" <<'PY'
 import json, statistics, sys
-out, repeats, hosts, per_host, rate, size = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+out, repeats, hosts, per_host, rate, size, compressor = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 def seconds(path):
     with open(path) as f:
         row = json.load(f)["results"][0]
@@ -59,8 +63,8 @@ for algo in ("ring", "hierarchical"):
     times = [seconds("%s/%s.%d.json" % (out, algo, i)) for i in range(1, repeats + 1)]
     medians[algo] = statistics.median(times)
     print("%-12s runs %s s, median %.3f s" % (algo, ", ".join("%.3f" % t for t in times), medians[algo]))
-print("%s hosts x %s ranks at %s, %s allreduce (float sum): hierarchical is %.2fx the flat ring" % (
-    hosts, per_host, rate, size, medians["ring"] / medians["hierarchical"]))
+print("%s hosts x %s ranks at %s, %s allreduce (float sum, compressor %s): hierarchical is %.2fx the flat ring" % (
+    hosts, per_host, rate, size, compressor, medians["ring"] / medians["hierarchical"]))
 sent = {}
 for algo in ("ring", "hierarchical"):
     with open("%s/%s.wire.json" % (out, algo)) as f:

@@ -10,49 +10,19 @@
 //
 // Each leg is an ordinary ring over a view of the communicator's transport
 // that renumbers a subset of its ranks (GroupTransport): the legs share the
-// call's tags, handed out from one budget, and its deadline.
-#include <algorithm>
-#include <cstring>
+// call's tags, handed out from one budget, and its deadline. HostLegs
+// (hierarchical.h) holds legs 1 and 3 for the compressed allreduce too.
+#include "collectives/allreduce/hierarchical.h"
 
-#include "collectives/collectives.h"
-#include "collectives/common/host_layout.h"
+#include <algorithm>
+#include <vector>
 
 namespace shoal {
 namespace {
 
-// The ranks `members` of `parent` seen as ranks 0..members.size()-1.
-class GroupTransport final : public Transport {
- public:
-  GroupTransport(Transport& parent, const std::vector<int>& members, int rank)
-      : parent_(parent), members_(members), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(members_.size()); }
-  const char* name() const override { return parent_.name(); }
-  Request isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    return parent_.isend(members_[peer], tag, data, bytes);
-  }
-  Request irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    return parent_.irecv(members_[peer], tag, data, bytes);
-  }
-  void waitAll(Request* requests, size_t count, Deadline deadline) override {
-    parent_.waitAll(requests, count, deadline);
-  }
-  void checkNotAborted() override { parent_.checkNotAborted(); }
-  void abort(const std::string& reason, shoal_status_t status) override { parent_.abort(reason, status); }
-  bool failed() const override { return parent_.failed(); }
-  uint64_t bytesSent() const override { return parent_.bytesSent(); }
-  std::string failure() const override { return parent_.failure(); }
-  std::string describePeer(int peer) const override { return parent_.describePeer(members_[peer]); }
-
- private:
-  Transport& parent_;
-  const std::vector<int>& members_;
-  int rank_;
-};
-
 // Runs `leg` on a context over `group` that takes its tags from `outer`.
 template <typename Leg>
-void onGroup(Context& outer, GroupTransport& group, Leg&& leg) {
+void onGroup(Context& outer, Transport& group, Leg&& leg) {
   Context inner(group, 0, outer.deadline, outer.segmentBytes, outer.scratch);
   inner.tagBase = outer.tagBase;
   inner.nextSubTag = outer.nextSubTag;
@@ -60,7 +30,41 @@ void onGroup(Context& outer, GroupTransport& group, Leg&& leg) {
   outer.nextSubTag = inner.nextSubTag;
 }
 
+int indexOf(const std::vector<int>& ranks, int rank) {
+  return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+}
+
 }  // namespace
+
+// Tags: the host legs (reduce-scatter, allgather) take at most half the
+// call's budget (4 l tags per segment), the cross-host leg the other half.
+HostLegs::HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes)
+    : layout_(layout),
+      host_(transport, layout.local, layout.localRank),
+      across_(transport, layout.peers, indexOf(layout.peers, transport.rank())),
+      shards_(splitEvenly(count, element, static_cast<int>(layout.local.size()), segmentBytes,
+                          4 * static_cast<uint64_t>(layout.local.size()))),
+      element_(element),
+      segmentBytes_(segmentBytes),
+      mine_(layout.localRank) {}
+
+void HostLegs::reduceScatter(Context& context, uint8_t* data, const Reducer& reducer) {
+  onGroup(context, host_, [&](Context& leg) { ringReduceScatter(leg, data, data, shards_, reducer); });
+}
+
+void HostLegs::allgather(Context& context, uint8_t* data) {
+  onGroup(context, host_, [&](Context& leg) { ringAllgather(leg, data, shards_); });
+}
+
+uint64_t HostLegs::maxOnHost(Context& context, uint64_t value) {
+  const int localSize = static_cast<int>(layout_.local.size());
+  std::vector<uint64_t> values(localSize, 0);
+  values[mine_] = value;
+  Blocks one = blocksFrom(std::vector<size_t>(localSize, 1).data(), nullptr, sizeof(uint64_t), localSize,
+                          segmentBytes_, localSize);
+  onGroup(context, host_, [&](Context& leg) { ringAllgather(leg, reinterpret_cast<uint8_t*>(values.data()), one); });
+  return *std::max_element(values.begin(), values.end());
+}
 
 void allreduceHierarchical(Context& context, void* recv, size_t count, const Reducer& reducer) {
   const HostLayout* layout = context.hosts;
@@ -68,31 +72,22 @@ void allreduceHierarchical(Context& context, void* recv, size_t count, const Red
     return allreduceRing(context, recv, count, reducer);  // the communicator chose it; this keeps it correct anyway
   auto* data = static_cast<uint8_t*>(recv);
   const size_t element = reducer.elementSize();
-  const int localSize = static_cast<int>(layout->local.size());
   const int hosts = layout->hosts;
-  GroupTransport host(context.transport, layout->local, layout->localRank);
-  GroupTransport across(context.transport, layout->peers, static_cast<int>(
-      std::find(layout->peers.begin(), layout->peers.end(), context.rank) - layout->peers.begin()));
+  HostLegs legs(context.transport, *layout, count, element, context.segmentBytes);
+  legs.reduceScatter(context, data, reducer);
 
-  // Tags: the host legs (reduce-scatter, allgather) take at most half the
-  // call's budget, the cross-host ring the other half.
-  Blocks shards = splitEvenly(count, element, localSize, context.segmentBytes, 4 * static_cast<uint64_t>(localSize));
-  const int mine = layout->localRank;
-  onGroup(context, host, [&](Context& leg) { ringReduceScatter(leg, data, data, shards, reducer); });
-
-  uint8_t* shard = data + shards.offset[mine];
-  const size_t shardCount = shards.bytes[mine] / element;
+  uint8_t* shard = data + legs.shardOffset();
   // Shards differ by an element, so the cross-host rings of different local
   // ranks could use different numbers of tags, and the allgather after them
   // would start at different tags. Every rank reserves what the largest
   // shard's ring takes, cut with the same segment.
-  Blocks largest = splitEvenly(shards.bytes[0] / element, element, hosts, context.segmentBytes,
+  Blocks largest = splitEvenly(legs.largestShardCount(), element, hosts, context.segmentBytes,
                                4 * static_cast<uint64_t>(hosts));
-  Blocks pieces = splitEvenly(shardCount, element, hosts, context.segmentBytes, 4 * static_cast<uint64_t>(hosts));
+  Blocks pieces = splitEvenly(legs.shardCount(), element, hosts, context.segmentBytes, 4 * static_cast<uint64_t>(hosts));
   pieces.segment = largest.segment;
   const uint64_t crossTags = 2 * static_cast<uint64_t>(hosts - 1) * largest.maxSegments();
   const uint64_t firstCrossTag = context.nextSubTag;
-  onGroup(context, across, [&](Context& leg) {
+  onGroup(context, legs.acrossHosts(), [&](Context& leg) {
     ringReduceScatter(leg, shard, shard, pieces, reducer);
     // avg divides by every rank of the communicator, once, by the piece's owner.
     reducer.finish(shard + pieces.offset[leg.rank], pieces.bytes[leg.rank] / element, context.size);
@@ -101,7 +96,7 @@ void allreduceHierarchical(Context& context, void* recv, size_t count, const Red
   context.nextSubTag = firstCrossTag;
   context.reserveTags(crossTags);
 
-  onGroup(context, host, [&](Context& leg) { ringAllgather(leg, data, shards); });
+  legs.allgather(context, data);
 }
 
 }  // namespace shoal

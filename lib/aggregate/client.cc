@@ -97,7 +97,8 @@ Client::Client(const std::vector<Endpoint>& endpoints, const std::string& token,
     if (textLength > kMaxErrorText || readFull(link.fd, text.data(), text.size(), deadline) != IoResult::kDone)
       fail(SHOAL_ERR_REMOTE, "aggregator {} sent a malformed hello reply", endpoint.url);
     if (head[4] != kAccepted)
-      fail(SHOAL_ERR_REMOTE, "aggregator {} refused rank {}: {}", endpoint.url, rank, text);
+      fail(head[4] == kRefusedDisagreement ? SHOAL_ERR_MISMATCH : SHOAL_ERR_REMOTE, "aggregator {} refused rank {}: {}",
+           endpoint.url, rank, text);
     links_.back().slotBytes = static_cast<uint32_t>(getLE(head + 5, 4));
     if (links_.back().slotBytes < 8 || links_.back().slotBytes > kMaxSlotBytes)
       fail(SHOAL_ERR_REMOTE, "aggregator {} announced a slot of {} bytes; not a shoal-aggd of this release",
@@ -113,8 +114,8 @@ Client::~Client() {
 
 void ClientRelease::operator()(Client* client) const { delete client; }
 
-void Client::allreduce(uint64_t sequence, const void* send, void* recv, size_t count, shoal_dtype_t dtype,
-                       shoal_op_t op, Deadline deadline, const std::function<void()>& checkPeers) {
+void Client::allreduce(uint64_t sequence, uint64_t signature, const void* send, void* recv, size_t count,
+                       shoal_dtype_t dtype, shoal_op_t op, Deadline deadline, const std::function<void()>& checkPeers) {
   for (const Link& link : links_)
     if (!link.broken.empty())
       fail(SHOAL_ERR_REMOTE, "aggregator {} failed in an earlier call ({}); create a new communicator",
@@ -156,6 +157,7 @@ void Client::allreduce(uint64_t sequence, const void* send, void* recv, size_t c
         header.sequence = sequence;
         header.bytes = static_cast<uint32_t>(length);
         header.slots = shard.slots;
+        header.signature = signature;
         encode(header, shard.sendHeader);
       }
       const uint8_t* body = shard.send + size_t{shard.nextSend} * shard.slotBytes;
@@ -225,7 +227,9 @@ void Client::allreduce(uint64_t sequence, const void* send, void* recv, size_t c
         shard.bodyHave += static_cast<size_t>(n);
       }
       if (shard.inBody && shard.bodyHave == shard.current.bytes) {
-        if (shard.current.type == kError) broken(shard, SHOAL_ERR_REMOTE, shard.errorText);
+        if (shard.current.type == kError)
+          broken(shard, shard.current.errorKind == kDisagreement ? SHOAL_ERR_MISMATCH : SHOAL_ERR_REMOTE,
+                 shard.errorText);
         shard.got[shard.current.slot] = true;
         ++shard.received;
         shard.inBody = false;

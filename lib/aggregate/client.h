@@ -31,9 +31,12 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // recv = the sum (or OR) over every rank of send, count elements; send may
-  // equal recv. checkPeers runs between polls (it throws when a peer aborted).
-  void allreduce(uint64_t sequence, const void* send, void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op,
-                 Deadline deadline, const std::function<void()>& checkPeers);
+  // equal recv. `signature` (CallSignature::digest, comm/agree.h) travels with
+  // every slot: the aggregator fails the call on every rank with
+  // SHOAL_ERR_MISMATCH when ranks' signatures differ. checkPeers runs between
+  // polls (it throws when a peer aborted or makes another call).
+  void allreduce(uint64_t sequence, uint64_t signature, const void* send, void* recv, size_t count,
+                 shoal_dtype_t dtype, shoal_op_t op, Deadline deadline, const std::function<void()>& checkPeers);
   size_t aggregators() const { return links_.size(); }
 
  private:

@@ -4,8 +4,10 @@
 // job token, communicator key, rank, world size) and one reply frame (status,
 // slot size, text). After that both directions carry messages of a fixed
 // 32-byte header and `bytes` bytes of body: ranks send SLOTs (a slot of their
-// payload), the aggregator answers each completed slot with a RESULT (the sum
-// of every rank's slot) or an ERROR (its body is text that says what happened).
+// payload, with the 64-bit digest of the call's signature, comm/agree.h), the
+// aggregator answers each completed slot with a RESULT (the sum of every
+// rank's slot) or an ERROR (its body is text that says what happened; its kind
+// says whether the ranks disagreed on the call).
 // Every integer is little-endian.
 #pragma once
 
@@ -18,13 +20,19 @@
 namespace shoal::aggregate {
 
 constexpr uint32_t kMagic = 0x47414853;  // "SHAG": tells shoal-aggd from another service on the port
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;  // 2: slots carry the call's signature, errors their kind
 constexpr uint32_t kMaxHello = 4096;     // a peer that has not shown the token gets little buffer
 constexpr uint32_t kMaxSlotBytes = 64u << 20;
 constexpr uint32_t kMaxErrorText = 4096;
 
-enum HelloStatus : uint8_t { kAccepted = 0, kRefused = 1 };
+// kRefusedDisagreement: the communicator already failed here because its
+// ranks disagreed on a call (the rank reports SHOAL_ERR_MISMATCH too).
+enum HelloStatus : uint8_t { kAccepted = 0, kRefused = 1, kRefusedDisagreement = 2 };
 enum MessageType : uint8_t { kSlot = 1, kResult = 2, kError = 3 };
+// What an ERROR reports: a failure (a rank left, a slot expired, a malformed
+// message: SHOAL_ERR_REMOTE on the ranks) or ranks that disagree on a call
+// (another dtype, op, count or signature: SHOAL_ERR_MISMATCH).
+enum ErrorKind : uint8_t { kFailure = 0, kDisagreement = 1 };
 
 constexpr size_t kHeaderBytes = 32;
 
@@ -32,12 +40,12 @@ struct Header {
   uint8_t type = 0;
   uint8_t dtype = 0;      // shoal_dtype_t of the elements
   uint8_t op = 0;         // SHOAL_SUM or SHOAL_BOR (avg travels as a sum)
-  uint8_t reserved = 0;
+  uint8_t errorKind = 0;  // ERROR only: ErrorKind
   uint32_t slot = 0;      // index of this slot within the call's share of this aggregator
   uint64_t sequence = 0;  // the communicator's call number
   uint32_t bytes = 0;     // body bytes that follow the header
   uint32_t slots = 0;     // slots of the call at this aggregator (a consistency check)
-  uint64_t unused = 0;
+  uint64_t signature = 0; // SLOT and RESULT: CallSignature::digest() of the call (every rank's must match)
 };
 
 inline void putLE(uint8_t* p, uint64_t v, int n) {
@@ -53,12 +61,12 @@ inline void encode(const Header& h, uint8_t* out) {
   out[0] = h.type;
   out[1] = h.dtype;
   out[2] = h.op;
-  out[3] = h.reserved;
+  out[3] = h.errorKind;
   putLE(out + 4, h.slot, 4);
   putLE(out + 8, h.sequence, 8);
   putLE(out + 16, h.bytes, 4);
   putLE(out + 20, h.slots, 4);
-  putLE(out + 24, h.unused, 8);
+  putLE(out + 24, h.signature, 8);
 }
 
 inline Header decode(const uint8_t* in) {
@@ -66,12 +74,12 @@ inline Header decode(const uint8_t* in) {
   h.type = in[0];
   h.dtype = in[1];
   h.op = in[2];
-  h.reserved = in[3];
+  h.errorKind = in[3];
   h.slot = static_cast<uint32_t>(getLE(in + 4, 4));
   h.sequence = getLE(in + 8, 8);
   h.bytes = static_cast<uint32_t>(getLE(in + 16, 4));
   h.slots = static_cast<uint32_t>(getLE(in + 20, 4));
-  h.unused = getLE(in + 24, 8);
+  h.signature = getLE(in + 24, 8);
   return h;
 }
 

@@ -78,6 +78,16 @@ uint32_t CallSignature::word() const {
          static_cast<uint32_t>(digest & ((1u << kDigestBits) - 1)) << kDigestShift;
 }
 
+uint64_t CallSignature::digest() const {
+  uint64_t hash = 1469598103934665603ull;
+  for (int64_t value : {int64_t(kind), int64_t(dtype), int64_t(op), int64_t(root), int64_t(compressed)})
+    hash = mix(hash, static_cast<uint64_t>(value));
+  hash = mix(mix(hash, count), layout);
+  hash = mix(hash, algorithm);
+  if (compressed) hash = mix(mix(hash, compressor), options);
+  return hash;
+}
+
 std::string CallSignature::describe() const {
   std::string text = fmt::format("{}(count {}", kindText(static_cast<uint32_t>(kind)), count);
   if (dtype >= 0) text += ", " + dtypeText(dtype);

@@ -58,6 +58,9 @@ struct CallSignature {
   // compressed (1), and a 7-bit digest of count, layout, root, algorithm,
   // compressor and options.
   uint32_t word() const;
+  // All of it in 64 bits, for a carrier with room for more than the tag's 19:
+  // the aggregator compares it between ranks slot by slot (lib/aggregate).
+  uint64_t digest() const;
   // For error text: "allreduce(count 6, f32, sum, algorithm doubling, plain)".
   std::string describe() const;
 };

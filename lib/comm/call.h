@@ -12,17 +12,22 @@
 namespace shoal {
 
 // Runs one collective with its call's sequence number and signature
-// (comm.call, comm/agree.h). The number is taken at entry, even when the
-// arguments are then refused, so that a rank that skips a call can
+// (comm.call, comm/agree.h) over `transport`: the communicator's own, or a
+// view of some of its ranks (a GroupTransport over comm.transport: the
+// hierarchical compressed allreduce's cross-host leg), whose collectives know
+// no host layout and no shared segment. The number is taken at entry, even
+// when the arguments are then refused, so that a rank that skips a call can
 // never pair its next call with its peers' current one: they see a timeout
 // or mismatch instead of a silently wrong result. Any failure aborts the
 // communicator (peers are told) and is rethrown.
 template <typename Body>
-void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
-  Context context(*comm.transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
+void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, Body&& body) {
+  Context context(transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
                   currentCallWord(comm));
-  context.hosts = comm.hosts.get();
-  context.shm = comm.shm.get();
+  if (&transport == comm.transport.get()) {
+    context.hosts = comm.hosts.get();
+    context.shm = comm.shm.get();
+  }
   try {
     body(context);
     comm.transport->checkNotAborted();
@@ -31,6 +36,12 @@ void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
     if (comm.shm) comm.shm->abort(error.what(), error.status());  // peers waiting in shared memory
     throw;
   }
+}
+
+// The same over the communicator's own transport.
+template <typename Body>
+void runCollective(shoal_comm& comm, uint64_t sequence, Body&& body) {
+  runCollectiveOn(comm, *comm.transport, sequence, std::forward<Body>(body));
 }
 
 // A call with nothing to move still exchanges empty messages along a tree, so

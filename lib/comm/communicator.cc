@@ -46,14 +46,19 @@ std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, i
   return comm + "g" + std::to_string((arrival - 1) / worldSize) + "/";
 }
 
-// Every rank must use the same algorithm and pipelining settings: the
-// communicator's first collective is an agreement round on them.
+// Every rank must use the same algorithm, pipelining and path-choice
+// settings: the communicator's first collective is an agreement round on
+// them. The thresholds decide which path a call takes (SHOAL_SHM_MAX_BYTES the
+// shared segment against UCX, SHOAL_HIER_MIN_BYTES the hierarchical allreduce
+// against the flat one); ranks that disagree on them would straddle a
+// threshold with the same call, so they fail here, at init, on every rank.
 void checkRanksAgree(shoal_comm& comm) {
-  std::string settings = fmt::format("{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes);
+  std::string settings = fmt::format("{}|{}|{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes,
+                                     config::getInt("SHOAL_SHM_MAX_BYTES"), config::getInt("SHOAL_HIER_MIN_BYTES"));
   if (!agree(comm, comm.sequence++, settings).same)
     fail(SHOAL_ERR_MISMATCH,
-         "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES or SHOAL_TREE_MAX_BYTES (this rank: {}): set them "
-         "identically on every rank",
+         "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES, SHOAL_TREE_MAX_BYTES, SHOAL_SHM_MAX_BYTES or "
+         "SHOAL_HIER_MIN_BYTES (this rank: {}): set them identically on every rank",
          settings);
 }
 

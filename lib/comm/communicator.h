@@ -37,6 +37,7 @@ struct CompressStats {
   uint64_t payloadBytes = 0;
   uint64_t wireBytes = 0;
   int rounds = 0;
+  bool acrossHostsOnly = false;  // the hierarchical compressed allreduce: the rounds ran across hosts, on shards
 };
 
 }  // namespace shoal

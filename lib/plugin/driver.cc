@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/allreduce/hierarchical.h"
 #include "gpu/route.h"
 #include "comm/call.h"
 #include "comm/host_ops.h"
@@ -172,20 +173,24 @@ struct GatherSpace {
 
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
                const char* errorText, CompressStats& stats, const MemoryRoute& route,
-               const plugin::RoundObserver* observer);
+               const plugin::RoundObserver* observer, Transport* group);
 
 // route.refusal != OK: this rank cannot run the call on its tensors' memory;
 // start() is skipped and the refusal reaches every rank through the agreement.
+// The agreement round (number `sequence`) is over the whole communicator; the
+// rounds' payload collectives are over `group` where one is given (the
+// hierarchical compressed allreduce's cross-host ranks: the compressor then
+// sees their rank and number), else over the whole communicator too.
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                    std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
                    CompressStats& stats, const MemoryRoute& route,
-                   const plugin::RoundObserver* observer = nullptr) {
+                   const plugin::RoundObserver* observer = nullptr, Transport* group = nullptr) {
   const shoal_compressor_t& table = instance.table();
   char errorText[512] = {};
   shoal_compress_op_t operation{};
   operation.struct_size = sizeof operation;
-  operation.rank = comm.rank;
-  operation.world_size = comm.size;
+  operation.rank = group ? group->rank() : comm.rank;
+  operation.world_size = group ? group->size() : comm.size;
   operation.op = op;
   operation.num_tensors = static_cast<int>(tensors.size());
   operation.tensors = tensors.data();
@@ -217,7 +222,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   // alone (a compressor bug, a payload the transport refuses) must reach them
   // at once, so it aborts the communicator as a failed collective does.
   try {
-    runRounds(comm, instance, operation, opState, errorText, stats, route, observer);
+    runRounds(comm, instance, operation, opState, errorText, stats, route, observer, group);
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
@@ -230,7 +235,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
 // over NCCL on the input's stream (see include/shoal/compressor.h).
 void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op_t& operation, void* opState,
                const char* errorText, CompressStats& stats, const MemoryRoute& route,
-               const plugin::RoundObserver* observer) {
+               const plugin::RoundObserver* observer, Transport* group) {
   const shoal_compressor_t& table = instance.table();
   auto observe = [&](const char* phase, int index, uint64_t bytes, Clock::time_point begin) {
     if (observer) (*observer)(plugin::RoundEvent{phase, index, bytes, begin, Clock::now()});
@@ -275,12 +280,18 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
             payload.gathered_counts = space.counts.data();
             payload.gathered_displs = space.displs.data();
           }
+        } else if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE && group) {
+          groupAllreduce(comm, *group, payload.buffer, payload.count, payload.dtype, payload.op);
         } else if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
           plainAllreduce(comm, comm.sequence++, payload.buffer, payload.buffer, payload.count, payload.dtype,
                          payload.op);
         } else {
           GatherSpace& space = gathers[p];
-          allgathervBytes(comm, payload.buffer, payload.count, payload.dtype, space.data, space.counts, space.displs);
+          if (group)
+            groupAllgatherv(comm, *group, payload.buffer, payload.count, payload.dtype, space.data, space.counts,
+                            space.displs);
+          else
+            allgathervBytes(comm, payload.buffer, payload.count, payload.dtype, space.data, space.counts, space.displs);
           payload.gathered = space.data.data();
           payload.gathered_counts = space.counts.data();
           payload.gathered_displs = space.displs.data();
@@ -296,6 +307,52 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
     throw;
   }
   table.finish(instance.handle(), opState);
+}
+
+// The hierarchical compressed allreduce (issue 16), for ranks on h hosts with
+// l on each: a dense ring reduce-scatter inside each host (local rank i ends
+// with shard i of its host's sum), the compressor's rounds on that shard
+// among the ranks with local index i, one per host (only these bytes cross a
+// host link, and they are compressed), and a dense ring allgather inside the
+// host. The compressor sees a 1-D tensor, the shard, reduced with sum over h
+// ranks; avg divides by all n ranks once, after it. Legs 1 and 3 run under
+// the call's number; the agreement round takes the next one over the whole
+// communicator; leg 2's groups number their collectives from there, each as
+// far as its compressor's rounds go (the sketch's depend on the data), and
+// leg 3 then sets every rank to the largest number any group reached (every
+// host holds one rank of each group, so its largest is everyone's).
+void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
+                               const shoal_tensor_t& input, const shoal_tensor_t& output, shoal_op_t op,
+                               const char* tensorName, void** state, const std::string& agreement,
+                               CompressStats& stats) {
+  const size_t count = plugin::elementsCount(input);
+  const size_t element = dtypeSize(input.dtype);
+  auto* data = static_cast<uint8_t*>(output.data);
+  if (input.data != output.data) std::memcpy(data, input.data, count * element);
+  const uint64_t sentBefore = comm.transport->bytesSent();
+  HostLegs legs(*comm.transport, *comm.hosts, count, element, comm.segmentBytes);
+  uint64_t leg3Tags = 0;  // where leg 3 starts in the call's tags
+  runCollective(comm, sequence, [&](Context& context) {
+    legs.reduceScatter(context, data, Reducer(input.dtype, SHOAL_SUM));
+    leg3Tags = context.nextSubTag;
+  });
+
+  std::vector<shoal_compress_tensor_t> tensors(1);
+  tensors[0].input = shoal_tensor_1d(data + legs.shardOffset(), legs.shardCount(), input.dtype);
+  tensors[0].output = tensors[0].input;  // in place
+  tensors[0].name = tensorName;
+  tensors[0].state = state;
+  runCompressed(comm, comm.sequence++, instance, tensors, SHOAL_SUM, agreement, stats, MemoryRoute(), nullptr,
+                &legs.acrossHosts());
+  if (op == SHOAL_AVG) Reducer(input.dtype, SHOAL_AVG).finish(tensors[0].output.data, legs.shardCount(), comm.size);
+
+  runCollective(comm, sequence, [&](Context& context) {
+    context.nextSubTag = leg3Tags;
+    comm.sequence = legs.maxOnHost(context, comm.sequence);
+    legs.allgather(context, data);
+  });
+  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+  stats.acrossHostsOnly = true;
 }
 
 }  // namespace
@@ -337,11 +394,20 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // fails with MISMATCH at the first message.
   const AllreduceAlgorithm* plain =
       compress || route.cuda ? nullptr : &chooseAllreduce(comm, bytes);
+  // Compressed across hosts only (runHierarchicalCompressed) where the
+  // communicator runs this size hierarchically: a stateless compressor on
+  // host tensors of at least one element per rank of a host. (A stateful one
+  // keeps per-tensor state shaped like the whole tensor, error feedback or
+  // PowerSGD's factors: it runs flat, over every rank.)
+  const bool acrossHosts = compress && !route.cuda && !(instance->table().caps & SHOAL_CAP_STATEFUL) &&
+                           comm.hosts && comm.hosts->hierarchical() && count >= comm.hosts->local.size() &&
+                           chooseAllreduce(comm, bytes).run == allreduceHierarchical;
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {
       comm.call.compressor = instance->table().name;  // outlive the call, unlike name and copts
       comm.call.options = instance->options();
+      if (acrossHosts) comm.call.algorithm = "hierarchical";
     } else if (plain) {
       comm.call.algorithm = plain->name;
     }
@@ -382,7 +448,11 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   if (route.cuda) agreement += "|cuda";
   stats.compressor = name;
   try {
-    runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
+    if (acrossHosts)
+      runHierarchicalCompressed(comm, sequence, *instance, input, output, op, tensorName, tensors[0].state,
+                                agreement + "|across hosts", stats);
+    else
+      runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
     noteIneffectiveCompression(comm, name, tensors, stats);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)

@@ -105,6 +105,14 @@ class Transport {
   // another signature, i.e. that peer makes another call (a compressed one,
   // or one that took another algorithm). The transport's own waits probe so.
   virtual void checkForOtherCalls(uint64_t tag) { (void)tag; }
+  // Stricter, for a call that sends nothing over this transport (the shared
+  // segment's collectives, the aggregator's allreduce): throws
+  // SHOAL_ERR_MISMATCH when any peer's message of the call `tag` (its
+  // sequence number, whatever its signature) waits, i.e. that peer took
+  // another path for the same call (a count across SHOAL_SHM_MAX_BYTES, an op
+  // the aggregator cannot add). It cannot miss a peer whose signature's digest
+  // happens to equal this rank's.
+  virtual void checkForMessagesOf(uint64_t tag) { checkForOtherCalls(tag); }
 };
 
 struct TransportOptions {

@@ -2,7 +2,8 @@
 // sums, ORs and averages over 2 and 4 ranks, sharding over two aggregators,
 // several communicators at once, compressor rounds through the aggregator,
 // and the failures: a wrong token, a dead or unreachable aggregator, a rank
-// that never sends its slot (the aggregator frees it).
+// that never sends its slot (the aggregator frees it), ranks that disagree on
+// a call (MISMATCH on every rank).
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -335,7 +337,7 @@ TEST_F(Aggregate, CompressorRoundsGoThroughTheAggregator) {
   }, options(5));
 }
 
-// Ranks that pass different counts get an error on every rank (the aggregator
+// Ranks that pass different counts get MISMATCH on every rank (the aggregator
 // compares every rank's slot with the first), not a hang or a wrong sum.
 TEST_F(Aggregate, MismatchedCountsAreAnErrorOnEveryRank) {
   Daemon daemon({"--slot-bytes", "1024"});
@@ -344,13 +346,85 @@ TEST_F(Aggregate, MismatchedCountsAreAnErrorOnEveryRank) {
   runRanks(2, [&](int rank, shoal_comm_t comm) {
     std::vector<int32_t> data(rank == 0 ? 1000 : 1001, 1);
     shoal_status_t status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_I32, SHOAL_SUM);
-    EXPECT_NE(status, SHOAL_OK);
+    EXPECT_EQ(status, SHOAL_ERR_MISMATCH) << shoal_last_error(comm);
     EXPECT_NE(std::string(shoal_last_error(comm)).find("disagree"), std::string::npos) << shoal_last_error(comm);
     if (status != SHOAL_OK) ++failures;
   }, options(5));
   EXPECT_EQ(failures, 2);
 }
 
+// Ranks that disagree on a call in a way the payload does not show — a dtype
+// of the same size, avg against sum (both travel as sums), f32 x N against
+// f16 x 2N — get MISMATCH on every rank: each slot carries the digest of its
+// call's signature and the aggregator compares them. An op the aggregator
+// cannot add (max) takes the ring on its rank, and the ranks at the aggregator
+// find that rank's messages by probing the transport: MISMATCH too, on every
+// rank, well before the deadline.
+void expectMismatchEverywhere(int ranks, const std::function<void(int rank, shoal_dtype_t&, shoal_op_t&,
+                                                                  size_t& count)>& vary) {
+  Daemon daemon({"--slot-bytes", "1024"});
+  Aggregate::use(daemon.url());
+  const double timeoutS = 20;
+  std::atomic<int> mismatches{0};
+  std::atomic<int> slowestMs{0};
+  runRanks(ranks, [&](int rank, shoal_comm_t comm) {
+    // A good call first: the aggregator is connected and works. A rank still
+    // finishing it may already see its peers' abort (they moved on and failed
+    // the next call): then the good call reports their MISMATCH.
+    int64_t warm = rank;
+    auto begin = std::chrono::steady_clock::now();
+    shoal_status_t status = shoal_allreduce(comm, &warm, &warm, 1, SHOAL_I64, SHOAL_SUM);
+    if (status == SHOAL_OK) {
+      EXPECT_EQ(warm, ranks * (ranks - 1) / 2);
+      shoal_dtype_t dtype = SHOAL_F32;
+      shoal_op_t op = SHOAL_SUM;
+      size_t count = 3000;  // 12 slots of 1 KiB
+      vary(rank, dtype, op, count);
+      std::vector<uint8_t> data(count * 8, 0);
+      begin = std::chrono::steady_clock::now();
+      status = shoal_allreduce(comm, data.data(), data.data(), count, dtype, op);
+    }
+    Seconds took = std::chrono::steady_clock::now() - begin;
+    EXPECT_EQ(status, SHOAL_ERR_MISMATCH) << "rank " << rank << ": " << shoal_last_error(comm);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("disagree"), std::string::npos) << shoal_last_error(comm);
+    EXPECT_LT(took.count(), 5.0) << "rank " << rank << " (the deadline is " << timeoutS << " s)";
+    if (status == SHOAL_ERR_MISMATCH) ++mismatches;
+    for (int ms = static_cast<int>(took.count() * 1000), seen = slowestMs; ms > seen;)
+      if (slowestMs.compare_exchange_weak(seen, ms)) break;
+  }, Aggregate::options(timeoutS));
+  EXPECT_EQ(mismatches, ranks);
+  std::printf("slowest rank failed after %d ms\n", slowestMs.load());  // docs/aggregation.md quotes these
+}
+
+TEST_F(Aggregate, SameSizeDtypeOnOneRankIsAMismatchOnEveryRank) {
+  expectMismatchEverywhere(3, [](int rank, shoal_dtype_t& dtype, shoal_op_t&, size_t&) {
+    if (rank == 1) dtype = SHOAL_I32;
+  });
+}
+
+TEST_F(Aggregate, HalfTheElementSizeTwiceTheCountIsAMismatchOnEveryRank) {
+  expectMismatchEverywhere(2, [](int rank, shoal_dtype_t& dtype, shoal_op_t&, size_t& count) {
+    if (rank == 0) dtype = SHOAL_F16, count *= 2;
+  });
+}
+
+TEST_F(Aggregate, AvgAgainstSumIsAMismatchOnEveryRank) {
+  expectMismatchEverywhere(3, [](int rank, shoal_dtype_t&, shoal_op_t& op, size_t&) {
+    if (rank == 2) op = SHOAL_AVG;
+  });
+}
+
+TEST_F(Aggregate, MaxOnOneRankTakesTheRingAndIsAMismatchOnEveryRank) {
+  expectMismatchEverywhere(3, [](int rank, shoal_dtype_t&, shoal_op_t& op, size_t&) {
+    if (rank == 0) op = SHOAL_MAX;
+  });
+}
+
+TEST_F(Aggregate, SumOnOneRankAgainstMaxIsAMismatchOnEveryRank) {
+  expectMismatchEverywhere(3, [](int rank, shoal_dtype_t&, shoal_op_t& op, size_t&) {
+    if (rank != 1) op = SHOAL_MAX;
+  });
+}
 // Strangers on the port (garbage, an oversized hello, a hello that stops
 // halfway) are dropped, and the aggregator goes on serving.
 TEST_F(Aggregate, StrangersAreDroppedAndServiceGoesOn) {

@@ -45,6 +45,8 @@ struct Job {
   double timeoutS = 30;
   const char* algorithm = nullptr;                  // nullptr: auto
   std::vector<std::pair<std::string, std::string>> env;  // set in every rank before init
+  // Set in one rank before init, after env (a setting that differs between ranks).
+  std::function<std::vector<std::pair<std::string, std::string>>(int rank)> rankEnv;
   double killAfterS = 120;                          // the parent's bound on the whole job
 };
 
@@ -59,6 +61,8 @@ std::vector<RankResult> runJob(const Job& job,
     std::ofstream out(dir / ("rank" + std::to_string(rank) + ".txt"));
     setenv("SHOAL_SHM_MAX_BYTES", std::to_string(kSlotBytes).c_str(), 1);
     for (const auto& [name, value] : job.env) setenv(name.c_str(), value.c_str(), 1);
+    if (job.rankEnv)
+      for (const auto& [name, value] : job.rankEnv(rank)) setenv(name.c_str(), value.c_str(), 1);
     shoal_config_t config = SHOAL_CONFIG_INIT;
     config.rank = rank;
     config.world_size = job.size;
@@ -67,8 +71,8 @@ std::vector<RankResult> runJob(const Job& job,
     config.algorithm = job.algorithm;
     shoal_comm_t comm = nullptr;
     int code;
-    if (shoal_comm_init_config(&config, &comm) != SHOAL_OK) {
-      out << "init failed: " << shoal_last_error(nullptr) << "\n";
+    if (shoal_status_t status = shoal_comm_init_config(&config, &comm); status != SHOAL_OK) {
+      out << "init failed: " << shoal_status_string(status) << " " << shoal_last_error(nullptr) << "\n";
       code = 2;
     } else {
       code = body(rank, comm, out);
@@ -231,6 +235,96 @@ TEST(ShmMismatch, CountOnOneRank) {
     if (rank == 0) count = 17;
   });
 }
+
+// Counts on either side of the shared-memory threshold (issues 12 and 17):
+// the small ranks wait in the segment, the large ones in UCX (recursive
+// doubling, or the ring for the largest count). Every rank must fail with
+// MISMATCH, promptly: a segment wait probes the transport for a peer's
+// message of the same call with another signature, and the rank that finds
+// it tells the others (the segment's abort word, the transport's abort notice).
+void expectStraddleMismatch(int size, const std::function<size_t(int rank)>& countOf) {
+  Job job;
+  job.size = size;
+  job.timeoutS = 30;
+  auto results = runJob(job, [&](int rank, shoal_comm_t comm, std::ostream& out) {
+    float warm[4] = {1, 2, 3, 4};
+    shoal_status_t status = shoal_allreduce(comm, warm, warm, 4, SHOAL_F32, SHOAL_SUM);
+    if (status != SHOAL_OK) {
+      out << "good call failed: " << shoal_last_error(comm) << "\n";
+      return 6;
+    }
+    std::vector<float> data(countOf(rank), 1.0f);
+    auto begin = Clock::now();
+    status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
+    double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    out << shoal_status_string(status) << " after " << seconds << " s: " << shoal_last_error(comm) << "\n";
+    if (status != SHOAL_ERR_MISMATCH) return 7;
+    return seconds < 2.0 ? 0 : 8;  // the deadline is 30 s; the probe runs every 20 ms
+  });
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exitCode, 0) << "(7: not MISMATCH, 8: slower than 2 s)\n" << describe(results);
+    EXPECT_NE(result.text.find("disagree"), std::string::npos) << describe(results);
+  }
+  // How long each rank took to fail (docs/reliability-agreement.md quotes these).
+  std::string times;
+  for (const RankResult& result : results) {
+    size_t after = result.text.find(" after ");
+    if (after != std::string::npos) times += result.text.substr(after, result.text.find(" s:", after) + 2 - after);
+  }
+  std::printf("failed%s\n", times.c_str());
+}
+
+constexpr size_t kBelow = 16;    // 64 bytes of f32: the segment
+constexpr size_t kAbove = 600;   // 2400 bytes: above the 1024-byte slot, recursive doubling over UCX
+constexpr size_t kRing = 100000; // 400 KB: the ring over UCX
+
+TEST(ShmStraddle, OneRankAboveTheThreshold) {
+  expectStraddleMismatch(2, [](int rank) { return rank == 1 ? kAbove : kBelow; });
+}
+
+TEST(ShmStraddle, OneRankBelowTheThreshold) {
+  expectStraddleMismatch(2, [](int rank) { return rank == 1 ? kBelow : kAbove; });
+}
+
+TEST(ShmStraddle, OneRankOnTheRingTwoInTheSegment) {
+  expectStraddleMismatch(3, [](int rank) { return rank == 2 ? kRing : kBelow; });
+}
+
+TEST(ShmStraddle, OneRankInTheSegmentThreeOverUcx) {
+  expectStraddleMismatch(4, [](int rank) { return rank == 0 ? kBelow : kAbove; });
+}
+
+// SHOAL_SHM_MAX_BYTES decides which path a call takes, so ranks must agree on
+// it: a difference is MISMATCH at init on every rank, naming the variable.
+// (1000 against 1024 bytes gives segments of the same size, so without the
+// check a 1010-byte call would straddle; 0 on one rank used to leave rank 0
+// waiting for that rank's segment until the deadline.)
+void expectThresholdMismatchAtInit(const char* rankOneValue) {
+  Job job;
+  job.size = 3;
+  job.timeoutS = 30;
+  job.rankEnv = [=](int rank) {
+    std::vector<std::pair<std::string, std::string>> env;
+    if (rank == 1) env.emplace_back("SHOAL_SHM_MAX_BYTES", rankOneValue);
+    return env;
+  };
+  auto begin = Clock::now();
+  auto results = runJob(job, [](int, shoal_comm_t, std::ostream& out) {
+    out << "init succeeded\n";
+    return 0;
+  });
+  double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exitCode, 2) << describe(results);
+    EXPECT_NE(result.text.find("SHOAL_ERR_MISMATCH"), std::string::npos) << describe(results);
+    EXPECT_NE(result.text.find("SHOAL_SHM_MAX_BYTES"), std::string::npos) << describe(results);
+  }
+  EXPECT_LT(seconds, 10) << "init waited for the deadline (30 s)";
+}
+
+TEST(ShmStraddle, ThresholdDiffersByLessThanTheSegmentsRounding) { expectThresholdMismatchAtInit("1000"); }
+
+TEST(ShmStraddle, ThresholdZeroOnOneRank) { expectThresholdMismatchAtInit("0"); }
 
 // A rank SIGKILLed in the middle of a run of small allreduces: the others
 // fail within a fraction of the deadline, naming a dead or aborting rank.

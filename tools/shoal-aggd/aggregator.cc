@@ -142,6 +142,7 @@ bool Aggregator::handshake(Connection& connection) {
     return reply(kRefused, fmt::format("rank {} of world size {} (communicator '{}') is not a valid member", rank,
                                        worldSize, key));
   std::string refusal;
+  HelloStatus refusalStatus = kRefused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::shared_ptr<Group>& group = groups_[key];
@@ -154,9 +155,10 @@ bool Aggregator::handshake(Connection& connection) {
     if (group->worldSize != worldSize)
       refusal = fmt::format("rank {} says the communicator has {} ranks, an earlier rank said {}", rank, worldSize,
                             group->worldSize);
-    else if (!group->broken.empty())
+    else if (!group->broken.empty()) {
       refusal = "this communicator already failed here: " + group->broken;
-    else if (group->members[rank])
+      if (group->brokenKind == kDisagreement) refusalStatus = kRefusedDisagreement;
+    } else if (group->members[rank])
       refusal = fmt::format("rank {} of this communicator is already connected (from {})", rank,
                             group->members[rank]->peer);
     if (refusal.empty()) {
@@ -165,7 +167,7 @@ bool Aggregator::handshake(Connection& connection) {
       group->members[rank] = connection.self.lock();
     }
   }
-  return reply(refusal.empty() ? kAccepted : kRefused, refusal);
+  return reply(refusal.empty() ? kAccepted : refusalStatus, refusal);
 }
 
 void Aggregator::serveConnection(std::shared_ptr<Connection> connection) {
@@ -232,13 +234,13 @@ void Aggregator::contribute(const std::shared_ptr<Connection>& connection, const
   std::shared_ptr<Group> group = connection->group;
   const int rank = connection->rank;
   std::unique_lock<std::mutex> lock(mutex_);
-  auto refuse = [&](const std::string& why, bool breakGroup) {
+  auto refuse = [&](const std::string& why, bool breakGroup, ErrorKind kind = kFailure) {
     std::vector<std::shared_ptr<Connection>> tell = {connection};
-    if (breakGroup) tell = breakGroupLocked(*group, why);
+    if (breakGroup) tell = breakGroupLocked(*group, why, kind);
     lock.unlock();
-    for (auto& member : tell) sendError(*member, header.sequence, header.slot, why);
+    for (auto& member : tell) sendError(*member, header.sequence, header.slot, why, kind);
   };
-  if (!group->broken.empty()) return refuse(group->broken, false);
+  if (!group->broken.empty()) return refuse(group->broken, false, group->brokenKind);
   SlotKey key{group.get(), header.sequence, header.slot};
   Deadline poolDeadline = deadlineAfter(options_.timeoutS);
   auto found = slots_.find(key);
@@ -258,6 +260,7 @@ void Aggregator::contribute(const std::shared_ptr<Connection>& connection, const
       slot->started = Clock::now();
       std::memcpy(buffer, body, header.bytes);
       slot->arrived[rank] = true;
+      slot->firstRank = rank;
       slot->arrivals = 1;
       found = slots_.emplace(key, std::move(slot)).first;
       created = true;
@@ -268,7 +271,7 @@ void Aggregator::contribute(const std::shared_ptr<Connection>& connection, const
                                 "start shoal-aggd with a larger --pool-slots",
                                 options_.poolSlots, options_.timeoutS),
                     true);
-    if (!group->broken.empty()) return refuse(group->broken, false);
+    if (!group->broken.empty()) return refuse(group->broken, false, group->brokenKind);
     found = slots_.find(key);
   }
   Slot& slot = *found->second;
@@ -278,12 +281,22 @@ void Aggregator::contribute(const std::shared_ptr<Connection>& connection, const
     const Header& first = slot.header;
     if (first.dtype != header.dtype || first.op != header.op || first.bytes != header.bytes ||
         first.slots != header.slots)
-      return refuse(fmt::format("ranks disagree on call {} slot {}: one sent {} {} bytes of {} ({} slots), rank {} "
+      return refuse(fmt::format("ranks disagree on call {} slot {}: rank {} sent {} {} bytes of {} ({} slots), rank {} "
                                 "{} {} bytes of {} ({} slots); every rank must pass the same count, dtype and op",
-                                header.sequence, header.slot, opText(first.op), first.bytes, dtypeText(first.dtype),
-                                first.slots, rank, opText(header.op), header.bytes, dtypeText(header.dtype),
-                                header.slots),
-                    true);
+                                header.sequence, header.slot, slot.firstRank, opText(first.op), first.bytes,
+                                dtypeText(first.dtype), first.slots, rank, opText(header.op), header.bytes,
+                                dtypeText(header.dtype), header.slots),
+                    true, kDisagreement);
+    // The payloads look alike but the calls differ (a dtype of the same size,
+    // avg against sum, another compressor): the digests of the ranks' call
+    // signatures tell.
+    if (first.signature != header.signature)
+      return refuse(fmt::format("ranks disagree on call {}: rank {} and rank {} make different calls (another dtype, "
+                                "op, count, algorithm or compressor: the digests of their call signatures are {:016x} "
+                                "and {:016x}); every rank must make the same calls in the same order with the same "
+                                "arguments",
+                                header.sequence, slot.firstRank, rank, first.signature, header.signature),
+                    true, kDisagreement);
     Reducer(static_cast<shoal_dtype_t>(header.dtype), static_cast<shoal_op_t>(header.op))
         .combine(slot.sum, body, header.bytes / dtypeSize(static_cast<shoal_dtype_t>(header.dtype)));
     slot.arrived[rank] = true;
@@ -303,9 +316,12 @@ void Aggregator::contribute(const std::shared_ptr<Connection>& connection, const
   returnBufferLocked(done->sum);
 }
 
-std::vector<std::shared_ptr<Aggregator::Connection>> Aggregator::breakGroupLocked(Group& group,
-                                                                                  const std::string& why) {
-  if (group.broken.empty()) group.broken = why;
+std::vector<std::shared_ptr<Aggregator::Connection>> Aggregator::breakGroupLocked(Group& group, const std::string& why,
+                                                                                  ErrorKind kind) {
+  if (group.broken.empty()) {
+    group.broken = why;
+    group.brokenKind = kind;
+  }
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (it->second->group.get() == &group) {
       returnBufferLocked(it->second->sum);
@@ -370,9 +386,11 @@ void Aggregator::reapExpired() {
     for (auto& member : members) sendError(*member, 0, 0, why);
 }
 
-void Aggregator::sendError(Connection& connection, uint64_t sequence, uint32_t slot, const std::string& text) {
+void Aggregator::sendError(Connection& connection, uint64_t sequence, uint32_t slot, const std::string& text,
+                           ErrorKind kind) {
   Header header;
   header.type = kError;
+  header.errorKind = kind;
   header.sequence = sequence;
   header.slot = slot;
   std::string body = text.substr(0, kMaxErrorText);

@@ -52,6 +52,7 @@ class Aggregator {
     int worldSize = 0;
     std::vector<std::shared_ptr<Connection>> members;
     std::string broken;  // set once the communicator failed here: later slots get this error
+    ErrorKind brokenKind = kFailure;  // kDisagreement when its ranks disagreed on a call
   };
   // One slot of one call being summed.
   struct Slot {
@@ -62,6 +63,7 @@ class Aggregator {
     uint8_t* sum = nullptr;  // from the pool
     std::vector<bool> arrived;
     int arrivals = 0;
+    int firstRank = 0;       // whose header the others are compared with
     Clock::time_point started;
   };
   using SlotKey = std::tuple<const Group*, uint64_t, uint32_t>;
@@ -74,8 +76,10 @@ class Aggregator {
   void reapExpired();
   // Under mutex_: removes every pending slot of the group, returns buffers,
   // marks the group broken and returns the members to tell.
-  std::vector<std::shared_ptr<Connection>> breakGroupLocked(Group& group, const std::string& why);
-  void sendError(Connection& connection, uint64_t sequence, uint32_t slot, const std::string& text);
+  std::vector<std::shared_ptr<Connection>> breakGroupLocked(Group& group, const std::string& why,
+                                                            ErrorKind kind = kFailure);
+  void sendError(Connection& connection, uint64_t sequence, uint32_t slot, const std::string& text,
+                 ErrorKind kind = kFailure);
   void sendMessage(Connection& connection, const Header& header, const void* body);
   uint8_t* takeBufferLocked();
   void returnBufferLocked(uint8_t* buffer);

@@ -295,7 +295,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
         transport.checkNotAborted();  // an abort notice that came the other way
         // A peer that made another call (compressed, or another algorithm)
         // waits in the transport with messages of this call's number.
-        if (round.tag != 0 && !arrived()) transport.checkForOtherCalls(round.tag);
+        if (round.tag != 0 && !arrived()) transport.checkForMessagesOf(round.tag);
       } catch (const Error&) {
         if (arrived()) return;  // the transport stays failed: the next call reports it
         throw;

@@ -98,6 +98,7 @@ class UcxTransport final : public Transport {
     pending.tag = tag;
     probeForOtherCalls(&pending, 1);
   }
+  void checkForMessagesOf(uint64_t tag) override;
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
@@ -419,6 +420,21 @@ void UcxTransport::probeForOtherCalls(const Request* requests, size_t count) {
     }
     return;  // every pending request of one wait belongs to the same call
   }
+}
+
+// One probe for any message of the call's number, whatever its signature:
+// for a call that sends nothing over UCX (transport.h), any such message comes
+// from a peer that took another path, even where the two signatures' 7-bit
+// digests happen to collide.
+void UcxTransport::checkForMessagesOf(uint64_t tag) {
+  ucp_worker_progress(worker_);  // what has arrived reaches the unexpected queue
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag & kSequenceMask, kAbortBit | kSequenceMask, 0, &info);
+  if (message == nullptr) return;
+  int sender = static_cast<int>((info.sender_tag & ~kAbortBit) >> kRankShift);
+  throw Error(SHOAL_ERR_MISMATCH,
+              describeSignatureMismatch(rank_, sender, static_cast<uint32_t>((tag & kSignatureMask) >> kSignatureShift),
+                                        static_cast<uint32_t>((info.sender_tag & kSignatureMask) >> kSignatureShift)));
 }
 
 // Throws when a peer aborted, or when a peer that one of the pending requests

@@ -1,0 +1,51 @@
+// The legs of the hierarchical allreduce (hierarchical.cc) for a caller that
+// runs its own middle leg: the compressed allreduce (lib/plugin/driver.cc)
+// reduces densely inside each host, runs its compressor's rounds across hosts
+// on each rank's shard, and gathers densely inside the host again, so only
+// the inter-host bytes are compressed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/collectives.h"
+#include "collectives/common/group_transport.h"
+#include "collectives/common/host_layout.h"
+
+namespace shoal {
+
+class HostLegs {
+ public:
+  // A buffer of `count` elements of `element` bytes, cut into one shard per
+  // rank of a host (the first count % l shards one element longer). `layout`
+  // must be hierarchical() and outlive the legs.
+  HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes);
+
+  // Leg 1, a ring reduce-scatter inside the host: afterwards this rank's
+  // shard of `data` holds its host's reduction. `context` is over the whole
+  // communicator; the leg takes its tags from it.
+  void reduceScatter(Context& context, uint8_t* data, const Reducer& reducer);
+  // Leg 3, a ring allgather inside the host: every shard to every rank of it.
+  void allgather(Context& context, uint8_t* data);
+  // The largest of the `value`s of this host's ranks (a small allgather inside the host).
+  uint64_t maxOnHost(Context& context, uint64_t value);
+
+  // Leg 2's ranks: the one with this rank's local index on every host, in
+  // host order, numbered 0..hosts-1. Every rank of it holds the same shard.
+  Transport& acrossHosts() { return across_; }
+  size_t shardOffset() const { return shards_.offset[mine_]; }             // bytes
+  size_t shardCount() const { return shards_.bytes[mine_] / element_; }    // elements
+  // The largest shard, in elements (shards differ by at most one).
+  size_t largestShardCount() const { return shards_.bytes[0] / element_; }
+
+ private:
+  const HostLayout& layout_;
+  GroupTransport host_;
+  GroupTransport across_;
+  Blocks shards_;
+  size_t element_;
+  size_t segmentBytes_;
+  int mine_;
+};
+
+}  // namespace shoal
