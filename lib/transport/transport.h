@@ -105,6 +105,16 @@ class Transport {
   // another signature, i.e. that peer makes another call (a compressed one,
   // or one that took another algorithm). The transport's own waits probe so.
   virtual void checkForOtherCalls(uint64_t tag) { (void)tag; }
+  // Whether a peer's message of the call `tag` (its sequence number, as
+  // passed to isend; any signature, any sender) has arrived: a peer started
+  // that call and this rank has not. An idle async runtime polls it to learn
+  // that a peer began the next negotiation round. Throws, and fails the
+  // transport, when a peer aborted or a peer is gone, as a wait would.
+  // A backend that cannot tell says true: its caller then joins at once.
+  virtual bool peerStartedCall(uint64_t tag) {
+    (void)tag;
+    return true;
+  }
 };
 
 struct TransportOptions {
