@@ -222,6 +222,7 @@ void Engine::ensureStarted(const char* call) {
   joins_ = std::make_unique<JoinTracker>(comm_.size);
   lastProbe_ = Clock::now();
   started_ = lastProbe_;
+  lastRoundStart_ = lastProbe_;  // the first submissions of a cycle share its first round
   {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = State::Running;
@@ -374,23 +375,35 @@ void Engine::loop() {
 }
 
 // No round while no rank has a reason for one: a round with nothing new on
-// any rank decides what the last one decided (the bits and announcements are
-// the same), so only a submission, a stall probe or a shutdown starts one,
-// and the peers join when they see its first message. That keeps an idle
-// runtime from negotiating every cycle, and a step's rounds to its
-// submissions, not its duration.
+// any rank decides what the last one decided (the same bits, the same
+// announcements), so only a submission, a stall probe or a shutdown starts
+// one, and the peers join when they see its first message. An idle runtime
+// then does not negotiate at all, and a step's rounds follow its submissions,
+// not its duration. New submissions still wait until SHOAL_CYCLE_TIME_MS
+// after the previous round began, so that those of one cycle share a round
+// (and can fuse), as in Horovod's cycle.
 void Engine::awaitNextRound() {
-  // How often a waiting engine looks for a peer's round: the cycle time, at
-  // least 50 us (SHOAL_CYCLE_TIME_MS=0 then polls rather than spins).
-  const Clock::duration look = durationOf(std::max(settings_.cycleS, 50e-6));
+  const Clock::time_point batchEnd = lastRoundStart_ + durationOf(settings_.cycleS);
   const uint64_t nextCall = (comm_.sequence % kCollectiveSequences) << kSubTagBits;
   peerStarted_ = false;
   for (;;) {
-    const Clock::time_point probeAt = probeDueAt();
+    const Clock::time_point now = Clock::now(), probeAt = probeDueAt();
+    if (now >= probeAt) return;
+    bool news = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      auto reason = [&] { return shutdownRequested_ || !incoming_.empty(); };
-      if (wake_.wait_until(lock, std::min(probeAt, Clock::now() + look), reason)) return;
+      if (shutdownRequested_) return;
+      news = !incoming_.empty();
+      if (news && now >= batchEnd) return;
+      // How often to look for a peer's round: every cycle while idle; four
+      // times as often while this rank waits for its peers (a peer's
+      // submission then is on the critical path). At least every 50 us:
+      // SHOAL_CYCLE_TIME_MS=0 polls rather than spins.
+      const bool waiting = news || !pending_.empty();
+      const Clock::time_point look = now + durationOf(std::max(settings_.cycleS / (waiting ? 4 : 1), 50e-6));
+      const Clock::time_point until = news ? std::min({probeAt, look, batchEnd}) : std::min(probeAt, look);
+      wake_.wait_until(lock, until, [&] { return shutdownRequested_ || (!news && !incoming_.empty()); });
+      if (shutdownRequested_ || (!incoming_.empty() && Clock::now() >= batchEnd)) return;
     }
     if (Clock::now() >= probeAt) return;
     {
@@ -440,6 +453,7 @@ bool Engine::cycle() {
     incoming_.clear();
   }
   const Clock::time_point start = Clock::now();
+  lastRoundStart_ = start;
   std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
   bool needFullRound = false;
   for (const auto& request : pending_) {

@@ -141,6 +141,7 @@ class Engine {
   uint64_t cycle_ = 0;
   Clock::time_point lastProbe_{};
   Clock::time_point started_{};
+  Clock::time_point lastRoundStart_{};             // new submissions wait until a cycle after it
   bool peerStarted_ = false;                       // this round: entered because a peer had begun it
 
   std::mutex statsMutex_;
