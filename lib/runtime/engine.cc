@@ -255,7 +255,7 @@ void Engine::submit(const std::shared_ptr<Request>& request, const char* call) {
     }
     incoming_.push_back(request);
   }
-  wake_.notify_one();  // a waiting engine starts the next round at once
+  wake_.notify_one();  // wakes an engine that waits for a reason to negotiate
 }
 
 void Engine::runBlocking(const char* call, const std::function<void()>& body) {
