@@ -25,6 +25,9 @@ struct AgreedStop : Error {
 };
 
 constexpr double kBlockingProbeS = 0.1;
+// The longest an engine with nothing pending sleeps between looks for a
+// peer's round (awaitNextRound).
+constexpr double kIdleLookMaxS = 0.01;
 
 Clock::duration durationOf(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -386,6 +389,7 @@ void Engine::awaitNextRound() {
   const Clock::time_point batchEnd = lastRoundStart_ + durationOf(settings_.cycleS);
   const uint64_t nextCall = (comm_.sequence % kCollectiveSequences) << kSubTagBits;
   peerStarted_ = false;
+  double idleLookS = std::max(settings_.cycleS, 50e-6);
   for (;;) {
     const Clock::time_point now = Clock::now(), probeAt = probeDueAt();
     if (now >= probeAt) return;
@@ -395,12 +399,19 @@ void Engine::awaitNextRound() {
       if (shutdownRequested_) return;
       news = !incoming_.empty();
       if (news && now >= batchEnd) return;
-      // How often to look for a peer's round: every cycle while idle; four
-      // times as often while this rank waits for its peers (a peer's
-      // submission then is on the critical path). At least every 50 us:
-      // SHOAL_CYCLE_TIME_MS=0 polls rather than spins.
+      // How often to look for a peer's round. Four times per cycle while this
+      // rank waits for its peers: a peer's submission then is on the critical
+      // path. With nothing pending here, from once per cycle, doubling after
+      // each look that found nothing, up to kIdleLookMaxS: a peer's round can
+      // then make nothing ready before this rank submits, and a submission
+      // wakes this engine at once; only a stall probe or a shutdown waits
+      // longer (a look costs a wake-up and a UCX progress call, ~10-20 us on
+      // a loaded machine). At least every 50 us: SHOAL_CYCLE_TIME_MS=0 polls
+      // rather than spins.
       const bool waiting = news || !pending_.empty();
-      const Clock::time_point look = now + durationOf(std::max(settings_.cycleS / (waiting ? 4 : 1), 50e-6));
+      const double lookS =
+          waiting ? settings_.cycleS / 4 : std::min(idleLookS, std::max(kIdleLookMaxS, settings_.cycleS));
+      const Clock::time_point look = now + durationOf(std::max(lookS, 50e-6));
       const Clock::time_point until = news ? std::min({probeAt, look, batchEnd}) : std::min(probeAt, look);
       wake_.wait_until(lock, until, [&] { return shutdownRequested_ || (!news && !incoming_.empty()); });
       if (shutdownRequested_ || (!incoming_.empty() && Clock::now() >= batchEnd)) return;
@@ -414,6 +425,7 @@ void Engine::awaitNextRound() {
       peerStarted_ = true;
       return;
     }
+    idleLookS *= 2;
   }
 }
 

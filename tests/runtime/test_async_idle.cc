@@ -41,7 +41,7 @@ float sumOf(shoal_comm_t comm, const std::string& name, float value) {
 
 // Before: every engine ran a bitwise allreduce every SHOAL_CYCLE_TIME_MS (1 ms),
 // idle or not: about 1000 rounds per second per rank. Now an idle engine only
-// looks at its transport once per cycle.
+// looks at its transport, at most every 10 ms once it has been idle a while.
 TEST(AsyncIdle, AnIdleRuntimeRunsNoRoundsAndUsesLittleCpu) {
   constexpr int kRanks = 3;  // not a power of two: no rank of the exchange only waits
   constexpr double kIdleS = 1.0;
@@ -63,10 +63,10 @@ TEST(AsyncIdle, AnIdleRuntimeRunsNoRoundsAndUsesLittleCpu) {
     // Still usable after the idle second.
     EXPECT_EQ(sumOf(comm, "after", 2.0f), 2.0f * kRanks) << "rank " << rank;
   });
-  // Three idle engines, each looking at its transport every 1 ms. The old
-  // engines' rounds cost several times more; the bound leaves room for a
-  // loaded machine.
-  EXPECT_LT(cpuS, 0.05 * kIdleS) << "process CPU while " << kRanks << " runtimes idled for " << kIdleS << " s";
+  // Three idle engines, each looking at its transport about 100 times a
+  // second: about 8 ms measured at load 10 on 2 cores; the old engines' 811
+  // rounds per second cost 52 ms there.
+  EXPECT_LT(cpuS, 0.025 * kIdleS) << "process CPU while " << kRanks << " runtimes idled for " << kIdleS << " s";
   std::printf("[ idle CPU ] %d idle runtimes: %.1f ms of process CPU in %.1f s\n", kRanks, cpuS * 1e3, kIdleS);
 }
 
