@@ -235,6 +235,8 @@ TEST(KilledRankWhileIdle, FailsTheNextStepWithTheCause) {
     EXPECT_EQ(outcomes[rank].exitCode, kExitSawErrors) << "rank " << rank << "\n" << describe(outcomes);
     EXPECT_LT(outcomes[rank].seconds, kReportS) << describe(outcomes);
     EXPECT_NE(outcomes[rank].output.find("rank 1 (pid "), std::string::npos) << describe(outcomes);
+    // Noticed by the idle engine itself, before the step: the submission is refused.
+    EXPECT_NE(outcomes[rank].output.find("submission refused in step 3"), std::string::npos) << describe(outcomes);
   }
 }
 
