@@ -16,10 +16,12 @@
 //   cycles/step, collectives/step (fused groups count once) and full rounds
 //     during the timed steps (0 in steady state: the response cache's bits
 //     negotiate everything);
-//   idle cycle: the mean negotiation time of a cycle with nothing to do,
-//     measured over 0.5 s after the steps (one bitwise allreduce; the per-step
-//     figure adds the wait for the slowest rank to reach the cycle).
+//   idle rounds/s and idle CPU: negotiation rounds per second and this
+//     process's CPU (getrusage: the engine thread and UCX's, the main thread
+//     sleeps) over 1 s with nothing submitted after the steps.
 // --shrink K divides every tensor's first dimension by K (default 1: real shapes).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +49,15 @@ void check(shoal_status_t status, shoal_comm_t comm, const char* what) {
   }
 }
 
+constexpr double kIdleS = 1.0;
+
+double processCpuS() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   size_t n = values.size();
@@ -60,7 +71,7 @@ struct Options {
 };
 
 struct Row {
-  double stepS = 0, negotiationUs = 0, cycles = 0, groups = 0, idleCycleUs = 0;
+  double stepS = 0, negotiationUs = 0, cycles = 0, groups = 0, idleRoundsPerS = 0, idleCpuMsPerS = 0;
   uint64_t fullRounds = 0;
 };
 
@@ -123,12 +134,13 @@ Row runConfig(const Options& options) {
   shoal_async_stats_t idleBefore = SHOAL_ASYNC_STATS_INIT, idleAfter = SHOAL_ASYNC_STATS_INIT;
   check(shoal_barrier(comm), comm, "shoal_barrier");
   check(shoal_async_stats(comm, &idleBefore), comm, "shoal_async_stats");
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double cpuBefore = processCpuS();
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(kIdleS * 1000)));
+  const double idleCpuMsPerS = (processCpuS() - cpuBefore) * 1e3 / kIdleS;
   check(shoal_async_stats(comm, &idleAfter), comm, "shoal_async_stats");
-  double idleCycles = static_cast<double>(idleAfter.cycles - idleBefore.cycles);
-  double idleCycleUs = idleCycles > 0 ? (idleAfter.negotiation_us - idleBefore.negotiation_us) / idleCycles : 0;
+  const double idleRoundsPerS = static_cast<double>(idleAfter.cycles - idleBefore.cycles) / kIdleS;
   check(shoal_comm_destroy(comm), nullptr, "shoal_comm_destroy");
-  return {median(times), median(negotiation), median(cycles), median(groups), idleCycleUs, fullRounds};
+  return {median(times), median(negotiation), median(cycles), median(groups), idleRoundsPerS, idleCpuMsPerS, fullRounds};
 }
 
 }  // namespace
@@ -169,17 +181,17 @@ int main(int argc, char** argv) {
                 kTensors, static_cast<long long>(options.shrink), sizeText ? sizeText : "1", options.compressor.c_str(),
                 options.copts.empty() ? "" : " ", options.copts.c_str(), options.warmup, options.steps,
                 std::getenv("SHOAL_CYCLE_TIME_MS") ? std::getenv("SHOAL_CYCLE_TIME_MS") : "1 (default)");
-    std::printf("| SHOAL_FUSION_THRESHOLD | steps/s | time/step (ms) | negotiation (us/step) | cycles/step | collectives/step | full rounds (timed) | idle cycle (us) |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| SHOAL_FUSION_THRESHOLD | steps/s | time/step (ms) | negotiation (us/step) | cycles/step | collectives/step | full rounds (timed) | idle rounds/s | idle CPU (ms/s, rank 0) |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
   }
   const char* threshold = std::getenv("SHOAL_FUSION_THRESHOLD");
   std::string label = threshold == nullptr || threshold[0] == '\0' ? "134217728 (default)" : threshold;
   Row row = runConfig(options);
   if (rankZero) {
-    std::printf("| %s | %.2f | %.1f | %.0f | %.0f | %.0f | %llu | %.0f |\n", label.c_str(), 1 / row.stepS,
+    std::printf("| %s | %.2f | %.1f | %.0f | %.0f | %.0f | %llu | %.0f | %.1f |\n", label.c_str(), 1 / row.stepS,
                 row.stepS * 1e3, row.negotiationUs, row.cycles, row.groups,
-                static_cast<unsigned long long>(row.fullRounds), row.idleCycleUs);
+                static_cast<unsigned long long>(row.fullRounds), row.idleRoundsPerS, row.idleCpuMsPerS);
     std::fflush(stdout);
   }
   return 0;

@@ -25,6 +25,42 @@ struct AgreedStop : Error {
 };
 
 constexpr double kBlockingProbeS = 0.1;
+// The longest an engine with nothing pending sleeps between looks for a
+// peer's round (awaitNextRound).
+constexpr double kIdleLookMaxS = 0.01;
+
+Clock::duration durationOf(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+Clock::time_point after(Clock::time_point t, double s) {
+  return t == Clock::time_point::max() ? t : t + durationOf(s);
+}
+
+// A round's flags and cache bits, ANDed over every rank. Each rank sends its
+// words to every peer before it waits, so a waiting peer sees the round begin
+// (Transport::peerStartedCall) whichever rank started it: in a reduction
+// tree or the shared-memory exchange a rank that starts alone may only wait
+// for others and stay unseen. N - 1 small messages per rank and round.
+void exchangeFlags(shoal_comm& comm, uint64_t sequence, std::vector<uint64_t>& words) {
+  if (comm.size == 1) return;
+  runCollective(comm, sequence, [&](Context& context) {
+    const size_t n = words.size(), bytes = n * sizeof(uint64_t);
+    const uint64_t tag = context.reserveTags(1);
+    std::vector<uint64_t> theirs(n * static_cast<size_t>(context.size));
+    std::vector<Transport::Request> requests;
+    requests.reserve(2 * static_cast<size_t>(context.size));
+    for (int peer = 0; peer < context.size; ++peer)
+      if (peer != context.rank)
+        requests.push_back(context.transport.irecv(peer, tag, theirs.data() + static_cast<size_t>(peer) * n, bytes));
+    for (int peer = 0; peer < context.size; ++peer)
+      if (peer != context.rank) requests.push_back(context.transport.isend(peer, tag, words.data(), bytes));
+    context.waitAll(requests);
+    for (int peer = 0; peer < context.size; ++peer)
+      if (peer != context.rank)
+        for (size_t i = 0; i < n; ++i) words[i] &= theirs[static_cast<size_t>(peer) * n + i];
+  });
+}
 
 // SHOAL_LOG_LEVEL=debug: one line per request the engine ran (blocking calls
 // have theirs from blockingCall), with its group's bytes, algorithm and
@@ -188,6 +224,8 @@ void Engine::ensureStarted(const char* call) {
   stall_ = std::make_unique<StallInspector>(settings_.stall, comm_.rank);
   joins_ = std::make_unique<JoinTracker>(comm_.size);
   lastProbe_ = Clock::now();
+  started_ = lastProbe_;
+  lastRoundStart_ = lastProbe_;  // the first submissions of a cycle share its first round
   {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = State::Running;
@@ -220,6 +258,7 @@ void Engine::submit(const std::shared_ptr<Request>& request, const char* call) {
     }
     incoming_.push_back(request);
   }
+  wake_.notify_one();  // wakes an engine that waits for a reason to negotiate
 }
 
 void Engine::runBlocking(const char* call, const std::function<void()>& body) {
@@ -321,12 +360,8 @@ void Engine::stopWith(shoal_status_t status, const std::string& text) {
 void Engine::loop() {
   try {
     for (;;) {
-      const Clock::time_point cycleStart = Clock::now();
-      if (cycle()) return;
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait_until(lock, cycleStart + std::chrono::duration_cast<Clock::duration>(
-                                               std::chrono::duration<double>(settings_.cycleS)),
-                       [&] { return shutdownRequested_; });
+      awaitNextRound();
+      if (cycle()) break;
     }
   } catch (const AgreedStop& stop) {
     stopWith(stop.status(), fmt::format("the async runtime stopped on every rank: {}", stop.what()));
@@ -339,6 +374,83 @@ void Engine::loop() {
     if (!comm_.transport->failed()) comm_.transport->abort(text);
     stopWith(SHOAL_ERR_INTERNAL, text);
   }
+  logSummary();
+}
+
+// No round while no rank has a reason for one: a round with nothing new on
+// any rank decides what the last one decided (the same bits, the same
+// announcements), so only a submission, a stall probe or a shutdown starts
+// one, and the peers join when they see its first message. An idle runtime
+// then does not negotiate at all, and a step's rounds follow its submissions,
+// not its duration. New submissions still wait until SHOAL_CYCLE_TIME_MS
+// after the previous round began, so that those of one cycle share a round
+// (and can fuse), as in Horovod's cycle.
+void Engine::awaitNextRound() {
+  const Clock::time_point batchEnd = lastRoundStart_ + durationOf(settings_.cycleS);
+  const uint64_t nextCall = (comm_.sequence % kCollectiveSequences) << kSubTagBits;
+  peerStarted_ = false;
+  double idleLookS = std::max(settings_.cycleS, 50e-6);
+  for (;;) {
+    const Clock::time_point now = Clock::now(), probeAt = probeDueAt();
+    if (now >= probeAt) return;
+    bool news = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (shutdownRequested_) return;
+      news = !incoming_.empty();
+      if (news && now >= batchEnd) return;
+      // How often to look for a peer's round. Four times per cycle while this
+      // rank waits for its peers: a peer's submission then is on the critical
+      // path. With nothing pending here, from once per cycle, doubling after
+      // each look that found nothing, up to kIdleLookMaxS: a peer's round can
+      // then make nothing ready before this rank submits, and a submission
+      // wakes this engine at once; only a stall probe or a shutdown waits
+      // longer (a look costs a wake-up and a UCX progress call, ~10-20 us on
+      // a loaded machine). At least every 50 us: SHOAL_CYCLE_TIME_MS=0 polls
+      // rather than spins.
+      const bool waiting = news || !pending_.empty();
+      const double lookS =
+          waiting ? settings_.cycleS / 4 : std::min(idleLookS, std::max(kIdleLookMaxS, settings_.cycleS));
+      const Clock::time_point look = now + durationOf(std::max(lookS, 50e-6));
+      const Clock::time_point until = news ? std::min({probeAt, look, batchEnd}) : std::min(probeAt, look);
+      wake_.wait_until(lock, until, [&] { return shutdownRequested_ || (!news && !incoming_.empty()); });
+      if (shutdownRequested_ || (!incoming_.empty() && Clock::now() >= batchEnd)) return;
+    }
+    if (Clock::now() >= probeAt) return;
+    {
+      std::lock_guard<std::mutex> lock(statsMutex_);
+      ++stats_.peerChecks;
+    }
+    if (comm_.transport->peerStartedCall(nextCall)) {
+      peerStarted_ = true;
+      return;
+    }
+    idleLookS *= 2;
+  }
+}
+
+// A request pending this long is stalled or waits for a late rank: a full
+// round shows every rank which ranks submitted what. Blocking calls are
+// probed sooner: two ranks whose different blocking calls are both cached
+// wait for each other until a full round shows the mismatch.
+Clock::time_point Engine::probeDueAt() const {
+  if (pending_.empty()) return Clock::time_point::max();
+  Clock::time_point oldest = Clock::time_point::max(), oldestBlocking = Clock::time_point::max();
+  for (const auto& request : pending_) {
+    oldest = std::min(oldest, request->submitted);
+    if (request->meta.kind == OpKind::Blocking) oldestBlocking = std::min(oldestBlocking, request->submitted);
+  }
+  const double probe = stall_->probeIntervalS();
+  const Clock::time_point due = std::min(after(oldest, probe), after(oldestBlocking, kBlockingProbeS));
+  return std::max(due, after(lastProbe_, std::min(probe, kBlockingProbeS)));
+}
+
+void Engine::logSummary() {
+  const EngineStats s = stats();
+  SHOAL_LOG_DEBUG("rank {}: the async runtime ran {} negotiation rounds in {:.3f} s ({} full, {} made requests ready, "
+                  "{} started by a peer; {} looks for a peer's round while waiting), {} requests in {} collectives",
+                  comm_.rank, s.cycles, seconds(Clock::now() - started_), s.fullRounds, s.readyRounds,
+                  s.joinedRounds, s.peerChecks, s.tensors, s.groups);
 }
 
 bool Engine::cycle() {
@@ -353,29 +465,20 @@ bool Engine::cycle() {
     incoming_.clear();
   }
   const Clock::time_point start = Clock::now();
+  lastRoundStart_ = start;
   std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
   bool needFullRound = false;
-  Clock::time_point oldest = start;
-  Clock::time_point oldestBlocking = start;
   for (const auto& request : pending_) {
-    oldest = std::min(oldest, request->submitted);
-    if (request->meta.kind == OpKind::Blocking) oldestBlocking = request->submitted;
     int index = cache_->lookup(cacheKey(request->name, request->meta), request->meta);
     if (index < 0) needFullRound = true;
     else words[1 + index / 64] |= uint64_t(1) << (index % 64);
   }
-  // A request pending this long is stalled or waits for a late rank: a full
-  // round shows every rank which ranks submitted what.
-  const double probe = stall_->probeIntervalS();
-  // Blocking calls are probed sooner: two ranks whose different blocking calls
-  // are both cached wait for each other until a full round shows the mismatch.
-  const bool probeDue = seconds(start - oldest) > probe || seconds(start - oldestBlocking) > kBlockingProbeS;
-  if (!pending_.empty() && probeDue && seconds(start - lastProbe_) > std::min(probe, kBlockingProbeS)) {
+  if (start >= probeDueAt()) {
     needFullRound = true;
     lastProbe_ = start;
   }
   words[0] = ~((needFullRound ? kFlagNeedFullRound : 0) | (localShutdown ? kFlagShutdown : 0));
-  plainAllreduce(comm_, comm_.sequence++, words.data(), words.data(), words.size(), SHOAL_U64, SHOAL_BAND);
+  exchangeFlags(comm_, comm_.sequence++, words);
   const bool anyFullRound = !(words[0] & kFlagNeedFullRound);
   const bool anyShutdown = !(words[0] & kFlagShutdown);
 
@@ -397,6 +500,8 @@ bool Engine::cycle() {
     std::lock_guard<std::mutex> lock(statsMutex_);
     ++stats_.cycles;
     stats_.fullRounds += anyFullRound;
+    stats_.readyRounds += !ready.empty();
+    stats_.joinedRounds += peerStarted_;
     stats_.cacheHits += hits;
     stats_.negotiationUs += std::chrono::duration<double, std::micro>(negotiated - start).count();
   }

@@ -1,8 +1,11 @@
 // The async runtime of one communicator (Horovod's background thread): user
 // threads only enqueue named requests; one engine thread owns every
-// collective once it runs. Each cycle (SHOAL_CYCLE_TIME_MS) it negotiates
-// which requests are ready on every rank (negotiation.h), fuses them
-// (fusion.h), runs them, and completes their requests. See docs/runtime.md.
+// collective once it runs. A negotiation round finds which requests are ready
+// on every rank (negotiation.h); the engine fuses them (fusion.h), runs them,
+// and completes their requests. A rank starts a round only when it has a
+// reason (a new submission, a stall probe, a shutdown); an engine without one
+// sleeps and looks every SHOAL_CYCLE_TIME_MS whether a peer started the next
+// round, and joins it. See docs/runtime.md.
 #pragma once
 
 #include <atomic>
@@ -40,7 +43,10 @@ struct RuntimeSettings {
 };
 
 struct EngineStats {
-  uint64_t cycles = 0;
+  uint64_t cycles = 0;             // negotiation rounds
+  uint64_t readyRounds = 0;        // rounds that made some request ready
+  uint64_t peerChecks = 0;         // looks, while waiting, whether a peer started the next round
+  uint64_t joinedRounds = 0;       // rounds this rank entered because a peer had started them
   uint64_t fullRounds = 0;
   uint64_t cacheHits = 0;
   uint64_t tensors = 0;
@@ -88,7 +94,14 @@ class Engine {
   enum class State { Idle, Running, Stopped };
 
   void loop();
+  // Returns once this rank has a reason for the next round (a submission, a
+  // shutdown, a stall probe due), or a peer has started it.
+  void awaitNextRound();
+  // When this rank's oldest pending request makes it probe for stalls (a
+  // full round); time_point::max() with nothing pending.
+  Clock::time_point probeDueAt() const;
   bool cycle();                                    // true when the runtime stops
+  void logSummary();
   void fullRound(std::vector<Ready>& ready, Clock::time_point now);
   void execute(std::vector<Ready>& ready);
   void finishJoin();                               // every rank joined: complete this rank's join
@@ -127,6 +140,9 @@ class Engine {
   std::vector<uint8_t> fusionBuffer_;
   uint64_t cycle_ = 0;
   Clock::time_point lastProbe_{};
+  Clock::time_point started_{};
+  Clock::time_point lastRoundStart_{};             // new submissions wait until a cycle after it
+  bool peerStarted_ = false;                       // this round: entered because a peer had begun it
 
   std::mutex statsMutex_;
   EngineStats stats_;

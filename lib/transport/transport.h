@@ -113,6 +113,17 @@ class Transport {
   // the aggregator cannot add). It cannot miss a peer whose signature's digest
   // happens to equal this rank's.
   virtual void checkForMessagesOf(uint64_t tag) { checkForOtherCalls(tag); }
+
+  // Whether a peer's message of the call `tag` (its sequence number, as
+  // passed to isend; any signature, any sender) has arrived: a peer started
+  // that call and this rank has not. An idle async runtime polls it to learn
+  // that a peer began the next negotiation round. Throws, and fails the
+  // transport, when a peer aborted or a peer is gone, as a wait would.
+  // A backend that cannot tell says true: its caller then joins at once.
+  virtual bool peerStartedCall(uint64_t tag) {
+    (void)tag;
+    return true;
+  }
 };
 
 struct TransportOptions {

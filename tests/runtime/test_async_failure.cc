@@ -45,7 +45,7 @@ constexpr int kExitUsage = 2;
 
 // One rank: steps of 40 named tensors in a shuffled order; the victim dies
 // after submitting half of step 3's tensors.
-int runRank(int rank, const std::string& store, int victim, bool bySignal) {
+int runRank(int rank, const std::string& store, int victim, bool bySignal, bool whileIdle) {
   alarm(static_cast<unsigned>(4 * kTimeoutS + 10));  // a hang ends as SIGALRM (exit 128 + 14)
   shoal_config_t config = SHOAL_CONFIG_INIT;
   config.rank = rank;
@@ -63,11 +63,21 @@ int runRank(int rank, const std::string& store, int victim, bool bySignal) {
   std::vector<size_t> order(kTensors);
   std::iota(order.begin(), order.end(), 0);
   std::mt19937 random(static_cast<uint32_t>(rank + 1));
+  bool refused = false;
   for (int step = 0; step < 50; ++step) {
     std::shuffle(order.begin(), order.end(), random);
     std::vector<shoal_request_t> requests;
+    if (whileIdle && step == 3) {  // between steps: every runtime idles, none has a request in flight
+      if (rank == victim) {
+        std::printf("rank %d: dying on purpose while idle, before step %d\n", rank, step);
+        std::fflush(stdout);
+        if (bySignal) raise(SIGKILL);
+        _exit(9);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
     for (size_t k = 0; k < kTensors; ++k) {
-      if (rank == victim && step == 3 && k == kTensors / 2) {
+      if (!whileIdle && rank == victim && step == 3 && k == kTensors / 2) {
         std::printf("rank %d: dying on purpose in step %d\n", rank, step);
         std::fflush(stdout);
         if (bySignal) raise(SIGKILL);
@@ -80,6 +90,7 @@ int runRank(int rank, const std::string& store, int victim, bool bySignal) {
       shoal_request_t request = nullptr;
       if (shoal_iallreduce(comm, name.c_str(), &tensor, &tensor, SHOAL_SUM, nullptr, &request) != SHOAL_OK) {
         std::printf("rank %d: submission refused in step %d: %s\n", rank, step, shoal_last_error(comm));
+        refused = true;
         break;
       }
       requests.push_back(request);
@@ -115,7 +126,8 @@ int runRank(int rank, const std::string& store, int victim, bool bySignal) {
                 again == SHOAL_OK ? "" : (request ? shoal_request_error(request) : shoal_last_error(comm)));
     std::fflush(stdout);
     shoal_comm_destroy(comm);
-    return failed > 0 && again != SHOAL_OK ? kExitSawErrors : kExitAllSucceeded;
+    // While idle the runtime may stop before the next step: its refusal is the failure.
+    return (failed > 0 || (whileIdle && refused)) && again != SHOAL_OK ? kExitSawErrors : kExitAllSucceeded;
   }
   shoal_comm_destroy(comm);
   return kExitAllSucceeded;
@@ -123,10 +135,10 @@ int runRank(int rank, const std::string& store, int victim, bool bySignal) {
 
 using Outcome = ForkedRank;  // exitCode (128 + signal; -1 killed at the deadline), seconds, output
 
-std::vector<Outcome> runJob(int victim, bool bySignal) {
+std::vector<Outcome> runJob(int victim, bool bySignal, bool whileIdle = false) {
   ForkedJob job("async_failure");
   const std::string store = "tcp://127.0.0.1:" + std::to_string(freeLoopbackPort());
-  return job.run(kWorld, [&](int rank) { return runRank(rank, store, victim, bySignal); }, 60);
+  return job.run(kWorld, [&](int rank) { return runRank(rank, store, victim, bySignal, whileIdle); }, 60);
 }
 
 class KilledRank : public ::testing::TestWithParam<std::tuple<int, bool>> {};
@@ -142,6 +154,22 @@ TEST_P(KilledRank, FailsEveryPendingRequestWithinTheDeadline) {
         << "rank " << rank << " (5 = never noticed, 6 = a request stayed pending, 142 = hung)\n" << describe(outcomes);
     EXPECT_LT(outcomes[rank].seconds, kReportS) << describe(outcomes);
     EXPECT_NE(outcomes[rank].output.find("request failed: "), std::string::npos) << describe(outcomes);
+  }
+}
+
+// A rank killed between steps, while every runtime idles (no round runs, so
+// no collective notices): the survivors' engines notice it while they look
+// for a peer's round, and the next step fails at once with the cause.
+TEST(KilledRankWhileIdle, FailsTheNextStepWithTheCause) {
+  std::vector<Outcome> outcomes = runJob(1, true, true);
+  if (std::getenv("SHOAL_TEST_VERBOSE")) std::fprintf(stderr, "%s", describe(outcomes).c_str());
+  EXPECT_EQ(outcomes[1].exitCode, 128 + SIGKILL) << describe(outcomes);
+  for (int rank : {0, 2}) {
+    EXPECT_EQ(outcomes[rank].exitCode, kExitSawErrors) << "rank " << rank << "\n" << describe(outcomes);
+    EXPECT_LT(outcomes[rank].seconds, kReportS) << describe(outcomes);
+    EXPECT_NE(outcomes[rank].output.find("rank 1 (pid "), std::string::npos) << describe(outcomes);
+    // Noticed by the idle engine itself, before the step: the submission is refused.
+    EXPECT_NE(outcomes[rank].output.find("submission refused in step 3"), std::string::npos) << describe(outcomes);
   }
 }
 

@@ -99,6 +99,8 @@ class UcxTransport final : public Transport {
     probeForOtherCalls(&pending, 1);
   }
   void checkForMessagesOf(uint64_t tag) override;
+
+  bool peerStartedCall(uint64_t tag) override;
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);
@@ -497,6 +499,35 @@ void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
                                               "complete the collective",
                                               peer, localPeerPid_[peer], rank_));
   }
+}
+
+// One cheap look (no wait): what has arrived reaches the unexpected queue,
+// where a message of the call shows without being received. Peers are
+// checked as a wait checks them (an abort notice; every 50 ms the processes
+// of same-host peers), since an idle rank has no wait that would notice.
+bool UcxTransport::peerStartedCall(uint64_t tag) {
+  checkUsable();
+  ucp_worker_progress(worker_);
+  try {
+    if (std::optional<Error> notice = takeAbortNotice()) throw *notice;
+    const bool checkLiveness = Clock::now() >= nextLivenessCheck_;
+    if (checkLiveness) nextLivenessCheck_ = Clock::now() + std::chrono::milliseconds(50);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (peerStatus_[peer] != UCS_OK)
+        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} lost its connection to rank {} ({}): did that rank exit "
+                                                  "or crash?",
+                                                  rank_, peer, ucs_status_string(peerStatus_[peer])));
+      if (checkLiveness && localPeerPid_[peer] != 0 && localPeerPid_[peer] != getpid() &&
+          !processAlive(localPeerPid_[peer]))
+        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed", peer,
+                                                  localPeerPid_[peer]));
+    }
+  } catch (const Error& error) {
+    failWith(nullptr, 0, error.status(), error.what(), !peerAborted_);
+  }
+  ucp_tag_recv_info_t info{};
+  return ucp_tag_probe_nb(worker_, tag & kSequenceMask, kAbortBit | kSequenceMask, 0, &info) != nullptr;
 }
 
 // Called on every idle poll past the spin phase: yield the CPU (ranks that
