@@ -31,20 +31,6 @@ std::string countsDisagreement(int rank, int size, const std::vector<uint64_t>& 
 
 namespace {
 
-// Whether [a, a + na) and [b, b + nb) share a byte (device addresses compare as numbers).
-bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
-  if (na == 0 || nb == 0) return false;
-  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + nb && y < x + na;
-}
-
-size_t extent(const DeviceBlocks& blocks) {
-  size_t end = 0;
-  for (size_t p = 0; p < blocks.bytes.size(); ++p)
-    if (blocks.bytes[p] > 0) end = std::max(end, blocks.offset[p] + blocks.bytes[p]);
-  return end;
-}
-
 // The v forms' count check after the agreement round: every rank's outgoing
 // byte counts reach every rank (one host allgather), each compares what its
 // peers send it with what it expects, and one more agreement round turns any
@@ -77,6 +63,24 @@ void agreeOnCounts(shoal_comm& comm, const DeviceExchange& exchange) {
 }  // namespace
 
 #if SHOAL_WITH_NCCL
+
+namespace {
+
+// Whether [a, a + na) and [b, b + nb) share a byte (device addresses compare as numbers).
+bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  if (na == 0 || nb == 0) return false;
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + nb && y < x + na;
+}
+
+size_t extent(const DeviceBlocks& blocks) {
+  size_t end = 0;
+  for (size_t p = 0; p < blocks.bytes.size(); ++p)
+    if (blocks.bytes[p] > 0) end = std::max(end, blocks.offset[p] + blocks.bytes[p]);
+  return end;
+}
+
+}  // namespace
 
 void cudaExchange(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const DeviceExchange& exchange) {
   agreeOnCudaCall(comm, sequence,
