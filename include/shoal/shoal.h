@@ -273,6 +273,45 @@ shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t *i
 /* In place: root's tensor is copied into every rank's tensor. */
 shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t *tensor, int root);
 
+/* Tensor forms of alltoall(v), reduce, gather(v), scatter(v) and grouped
+ * point-to-point (docs/collectives.md): the raw-pointer calls' meaning, counts
+ * in elements, the tensors' dtype for all. CUDA tensors travel over NCCL
+ * (ncclReduce; grouped ncclSend/ncclRecv for the others). A tensor that only
+ * root reads or writes (reduce/gather output, scatter input) may be NULL on
+ * other ranks. The per-rank counts of the v forms must agree between every
+ * pair of ranks: SHOAL_ERR_MISMATCH on every rank otherwise. */
+/* input holds world_size blocks of input elements / world_size; output as many. */
+shoal_status_t shoal_alltoall_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output);
+shoal_status_t shoal_alltoallv_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const size_t *sendcounts,
+                                      const size_t *sdispls, const shoal_tensor_t *output,
+                                      const size_t *recvcounts, const size_t *rdispls);
+/* CUDA tensors: sum, avg, prod, min, max (NCCL has no bitwise reduction). */
+shoal_status_t shoal_reduce_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
+                                   shoal_op_t op, int root);
+/* Root's output holds world_size x input's elements. */
+shoal_status_t shoal_gather_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
+                                   int root);
+shoal_status_t shoal_gatherv_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
+                                    const size_t *recvcounts, const size_t *displs, int root);
+/* Root's input holds world_size x output's elements. */
+shoal_status_t shoal_scatter_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output,
+                                    int root);
+shoal_status_t shoal_scatterv_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const size_t *sendcounts,
+                                     const size_t *displs, const shoal_tensor_t *output, int root);
+/* shoal_sendrecv_many with tensors: all of one memory kind per call, and a
+ * send and its receive of one kind (MISMATCH on both sides otherwise). CUDA
+ * tensors use a two-rank NCCL communicator per peer, made by both on their
+ * first CUDA exchange. A CUDA call this rank refuses (no CUDA build or
+ * device, a host pointer) fails the communicator, so its peers fail at once
+ * rather than at their deadline. */
+typedef struct {
+  shoal_p2p_kind_t kind;
+  int peer;
+  int tag;
+  shoal_tensor_t tensor; /* read by a send, written by a receive */
+} shoal_p2p_tensor_t;
+shoal_status_t shoal_sendrecv_many_tensor(shoal_comm_t comm, const shoal_p2p_tensor_t *ops, int n);
+
 /* What the last compressed call on comm did (for benchmarks and logs). */
 typedef struct shoal_compress_stats {
   size_t struct_size;
@@ -375,6 +414,21 @@ shoal_status_t shoal_iallgather(shoal_comm_t comm, const char *name, const shoal
 /* Root's tensor->data is copied into every rank's tensor->data. */
 shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal_tensor_t *tensor, int root,
                                 shoal_request_t *request);
+
+/* Alltoall of a named host tensor (Horovod's alltoall, run by the runtime in
+ * order with the other requests): sendcounts[p] elements of input, in order,
+ * go to rank p; sendcounts == NULL splits input evenly (its element count a
+ * multiple of the world size; then every rank must pass the same shape).
+ * What arrives is held by the request until shoal_request_free:
+ * shoal_request_alltoall_result gives it. Every rank must submit the name
+ * with the same dtype and both with or both without sendcounts. */
+shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char *name, const shoal_tensor_t *input,
+                               const size_t *sendcounts, shoal_request_t *request);
+/* A completed alltoall request's result: *data and *count the received
+ * elements (rank 0's first, in rank order); recvcounts (world_size entries,
+ * may be NULL) how many came from each rank. */
+shoal_status_t shoal_request_alltoall_result(shoal_request_t request, const void **data, size_t *count,
+                                             size_t *recvcounts);
 
 /* *done = 1 once the request completed; then returns its status (its text:
  * shoal_request_error). While pending: *done = 0 and SHOAL_OK. */

@@ -1,5 +1,6 @@
 // C entry points of the async runtime (lib/runtime): submission checks the
 // arguments locally and enqueues; test/wait/free work on the request handle.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -157,6 +158,70 @@ SHOAL_EXPORT shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char* name
     r->input = *tensor;
     r->output = *tensor;
     return r;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char* name, const shoal_tensor_t* input,
+                                            const size_t* sendcounts, shoal_request_t* request) {
+  const char* call = "shoal_ialltoall";
+  return submit(comm, call, request, [&](shoal_comm& c) {
+    checkName(call, name);
+    auto r = std::make_shared<runtime::Request>();
+    r->name = name;
+    std::vector<int64_t> shape = checkTensor(call, "input", input);
+    r->meta.dtype = input->dtype;
+    const size_t elements = checkedTensorElements(call, "input", *input);
+    if (sendcounts == nullptr) {
+      // Even blocks: the shape is what every rank must agree on.
+      r->meta.kind = OpKind::Alltoall;
+      r->meta.shape = shape;
+      if (elements % c.size != 0)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements, not a multiple of the world size {}; pass "
+             "sendcounts for blocks of different sizes", call, elements, c.size);
+      r->sendcounts.assign(c.size, elements / c.size);
+    } else {
+      // Per-peer counts differ between ranks: only the dtype is common (the shape stays empty).
+      r->meta.kind = OpKind::Alltoallv;
+      size_t total = 0;
+      for (int p = 0; p < c.size; ++p) {
+        if (sendcounts[p] > elements - std::min(total, elements))
+          fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts[0..{}] add up to more than input's {} elements", call, p,
+               elements);
+        total += sendcounts[p];
+      }
+      if (total != elements)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts add up to {} but input has {} elements; they must be equal",
+             call, total, elements);
+      r->sendcounts.assign(sendcounts, sendcounts + c.size);
+    }
+    r->input = *input;
+    r->output = *input;
+    return r;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_request_alltoall_result(shoal_request_t request, const void** data, size_t* count,
+                                                          size_t* recvcounts) {
+  return guarded(nullptr, [&] {
+    if (request == nullptr || !request->request)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request is NULL; pass the handle "
+           "shoal_ialltoall returned");
+    runtime::Request& r = *request->request;
+    if (r.meta.kind != OpKind::Alltoall && r.meta.kind != OpKind::Alltoallv)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request '{}' is a {}, not an alltoall",
+           r.name, runtime::opKindName(r.meta.kind));
+    if (!r.done())
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request '{}' is still pending; wait for it "
+           "first", r.name);
+    if (r.status() != SHOAL_OK)
+      fail(r.status(), "shoal_request_alltoall_result: request '{}' failed: {}", r.name, r.error());
+    if (data == nullptr || count == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: data and count (out-parameters) must not be "
+           "NULL");
+    const size_t element = dtypeSize(r.meta.dtype);
+    *count = r.received.size() / element;
+    *data = r.received.empty() ? nullptr : r.received.data();
+    if (recvcounts != nullptr) std::copy(r.recvcounts.begin(), r.recvcounts.end(), recvcounts);
   });
 }
 

@@ -14,6 +14,7 @@
 // on the receiver.
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "comm/agree.h"
@@ -25,6 +26,7 @@
 #include "comm/call.h"
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
+#include "gpu/exchange_route.h"
 #include "runtime/blocking.h"
 
 using namespace shoal;
@@ -94,22 +96,46 @@ void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const L
 
 }  // namespace
 
+namespace {
+
+// shoal_alltoall's checks (its tensor form's too): the uniform layout.
+Layout checkAlltoall(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t count,
+                     shoal_dtype_t dtype) {
+  checkDtype(call, dtype);
+  const size_t total = checkedByteCount(call, "count x world size", count, dtype, static_cast<size_t>(c.size));
+  checkBuffer(call, "sendbuf", sendbuf, total);
+  checkBuffer(call, "recvbuf", recvbuf, total);
+  checkNoPartialOverlap(call, sendbuf, total, recvbuf, total, sendbuf == recvbuf);
+  return uniformLayout(count * dtypeSize(dtype), c.size);
+}
+
+// shoal_alltoallv's checks: the send and receive layouts.
+std::pair<Layout, Layout> checkAlltoallv(const char* call, const shoal_comm& c, const void* sendbuf,
+                                         const size_t* sendcounts, const size_t* sdispls, void* recvbuf,
+                                         const size_t* recvcounts, const size_t* rdispls, shoal_dtype_t dtype) {
+  checkDtype(call, dtype);
+  Layout send = layoutOf(call, "sendcounts", "sdispls", sendcounts, sdispls, c.size, dtype);
+  Layout recv = layoutOf(call, "recvcounts", "rdispls", recvcounts, rdispls, c.size, dtype);
+  if (send.bytes[c.rank] != recv.bytes[c.rank])
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts[{}] = {} differs from recvcounts[{}] = {}; a rank's block "
+         "to itself must have one size", call, c.rank, sendcounts[c.rank], c.rank, recvcounts[c.rank]);
+  checkBuffer(call, "sendbuf", sendbuf, send.end);
+  checkBuffer(call, "recvbuf", recvbuf, recv.end);
+  checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, recv.end, sendbuf == recvbuf);
+  return {std::move(send), std::move(recv)};
+}
+
+}  // namespace
+
 SHOAL_EXPORT shoal_status_t shoal_alltoall(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                            shoal_dtype_t dtype) {
   return enter(comm, "shoal_alltoall", [&](Call& thisCall) {
-    const char* call = thisCall.name();
     shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    const size_t total = checkedByteCount(call, "count x world size", count, dtype, static_cast<size_t>(c.size));
-    checkBuffer(call, "sendbuf", sendbuf, total);
-    checkBuffer(call, "recvbuf", recvbuf, total);
-    checkNoPartialOverlap(call, sendbuf, total, recvbuf, total, sendbuf == recvbuf);
+    Layout layout = checkAlltoall(thisCall.name(), c, sendbuf, recvbuf, count, dtype);
     // Every rank receives from every other: a count that differs anywhere
     // fails some receive on every rank, no closing round needed.
     CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, "pairwise"));
-    Layout layout = uniformLayout(count * dtypeSize(dtype), c.size);
-    runAlltoallv(c, sequence, sendbuf, layout, recvbuf, layout, false);
+    runAlltoallv(c, thisCall.sequence(), sendbuf, layout, recvbuf, layout, false);
   });
 }
 
@@ -117,43 +143,45 @@ SHOAL_EXPORT shoal_status_t shoal_alltoallv(shoal_comm_t comm, const void* sendb
                                             const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                             const size_t* rdispls, shoal_dtype_t dtype) {
   return enter(comm, "shoal_alltoallv", [&](Call& thisCall) {
-    const char* call = thisCall.name();
     shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    Layout send = layoutOf(call, "sendcounts", "sdispls", sendcounts, sdispls, c.size, dtype);
-    Layout recv = layoutOf(call, "recvcounts", "rdispls", recvcounts, rdispls, c.size, dtype);
-    if (send.bytes[c.rank] != recv.bytes[c.rank])
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcounts[{}] = {} differs from recvcounts[{}] = {}; a rank's block "
-           "to itself must have one size", call, c.rank, sendcounts[c.rank], c.rank, recvcounts[c.rank]);
-    checkBuffer(call, "sendbuf", sendbuf, send.end);
-    checkBuffer(call, "recvbuf", recvbuf, recv.end);
-    checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, recv.end, sendbuf == recvbuf);
+    auto [send, recv] =
+        checkAlltoallv(thisCall.name(), c, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype);
     CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, "pairwise"));
-    runAlltoallv(c, sequence, sendbuf, send, recvbuf, recv, true);
+    runAlltoallv(c, thisCall.sequence(), sendbuf, send, recvbuf, recv, true);
   });
 }
+
+namespace {
+
+void checkReduce(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t count,
+                 shoal_dtype_t dtype, shoal_op_t op, int root) {
+  checkDtypeOp(call, dtype, op);
+  checkRoot(call, root, c.size);
+  const size_t bytes = checkedByteCount(call, "count", count, dtype);
+  checkBuffer(call, "sendbuf", sendbuf, bytes);
+  if (c.rank == root) {
+    checkBuffer(call, "recvbuf (on root)", recvbuf, bytes);
+    checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
+  }
+}
+
+void runReduce(shoal_comm& c, uint64_t sequence, const void* sendbuf, void* recvbuf, size_t count,
+               shoal_dtype_t dtype, shoal_op_t op, int root) {
+  CallScope scope(c, signatureOf(CallKind::Reduce, dtype, op, count, root, "tree"));
+  Reducer reducer(dtype, op);
+  runCollective(c, sequence, [&](Context& context) {
+    barrierDissemination(context);  // the root and count reach every rank first (see the top)
+    reduceTree(context, sendbuf, recvbuf, count, reducer, root);
+  });
+}
+
+}  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_reduce(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t count,
                                          shoal_dtype_t dtype, shoal_op_t op, int root) {
   return enter(comm, "shoal_reduce", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtypeOp(call, dtype, op);
-    checkRoot(call, root, c.size);
-    const size_t bytes = checkedByteCount(call, "count", count, dtype);
-    checkBuffer(call, "sendbuf", sendbuf, bytes);
-    if (c.rank == root) {
-      checkBuffer(call, "recvbuf (on root)", recvbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf);
-    }
-    CallScope scope(c, signatureOf(CallKind::Reduce, dtype, op, count, root, "tree"));
-    Reducer reducer(dtype, op);
-    runCollective(c, sequence, [&](Context& context) {
-      barrierDissemination(context);  // the root and count reach every rank first (see the top)
-      reduceTree(context, sendbuf, recvbuf, count, reducer, root);
-    });
+    checkReduce(thisCall.name(), thisCall.comm(), sendbuf, recvbuf, count, dtype, op, root);
+    runReduce(thisCall.comm(), thisCall.sequence(), sendbuf, recvbuf, count, dtype, op, root);
   });
 }
 
@@ -186,27 +214,113 @@ void runScatter(shoal_comm& c, uint64_t sequence, const void* sendbuf, const Lay
 
 }  // namespace
 
+namespace {
+
+// The rooted calls' checks; each returns root's layout (every rank's block;
+// on other ranks the v forms' layout is empty) and this rank's block bytes.
+struct Rooted {
+  Layout layout;
+  size_t bytes = 0;
+};
+
+Rooted checkGather(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t sendcount,
+                   shoal_dtype_t dtype, int root) {
+  checkDtype(call, dtype);
+  checkRoot(call, root, c.size);
+  const size_t total = checkedByteCount(call, "sendcount x world size", sendcount, dtype, c.size);
+  Rooted rooted{uniformLayout(total / c.size, c.size), total / c.size};
+  if (c.rank == root) {
+    checkBuffer(call, "recvbuf (on root)", recvbuf, total);
+    const void* inPlace = static_cast<uint8_t*>(recvbuf) + rooted.layout.offset[root];
+    if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
+    checkNoPartialOverlap(call, sendbuf, rooted.bytes, recvbuf, total, sendbuf == inPlace);
+  } else {
+    checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
+  }
+  return rooted;
+}
+
+Rooted checkGatherv(const char* call, const shoal_comm& c, const void* sendbuf, size_t sendcount, void* recvbuf,
+                    const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype, int root) {
+  checkDtype(call, dtype);
+  checkRoot(call, root, c.size);
+  Rooted rooted;
+  rooted.bytes = checkedByteCount(call, "sendcount", sendcount, dtype);
+  if (c.rank == root) {
+    rooted.layout = layoutOf(call, "recvcounts", "displs", recvcounts, displs, c.size, dtype);
+    if (rooted.layout.bytes[root] != rooted.bytes)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {} on root; they must be "
+           "equal", call, sendcount, root, recvcounts[root]);
+    checkBuffer(call, "recvbuf (on root)", recvbuf, rooted.layout.end);
+    const void* inPlace = static_cast<uint8_t*>(recvbuf) + rooted.layout.offset[root];
+    if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
+    checkNoPartialOverlap(call, sendbuf, rooted.bytes, recvbuf, rooted.layout.end, sendbuf == inPlace);
+  } else {
+    checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
+  }
+  return rooted;
+}
+
+Rooted checkScatter(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t recvcount,
+                    shoal_dtype_t dtype, int root) {
+  checkDtype(call, dtype);
+  checkRoot(call, root, c.size);
+  const size_t total = checkedByteCount(call, "recvcount x world size", recvcount, dtype, c.size);
+  Rooted rooted{uniformLayout(total / c.size, c.size), total / c.size};
+  if (c.rank == root) {
+    checkBuffer(call, "sendbuf (on root)", sendbuf, total);
+    const void* inPlace = static_cast<const uint8_t*>(sendbuf) + rooted.layout.offset[root];
+    if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
+    checkNoPartialOverlap(call, sendbuf, total, recvbuf, rooted.bytes, recvbuf == inPlace);
+  } else {
+    checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
+  }
+  return rooted;
+}
+
+Rooted checkScatterv(const char* call, const shoal_comm& c, const void* sendbuf, const size_t* sendcounts,
+                     const size_t* displs, void* recvbuf, size_t recvcount, shoal_dtype_t dtype, int root) {
+  checkDtype(call, dtype);
+  checkRoot(call, root, c.size);
+  Rooted rooted;
+  rooted.bytes = checkedByteCount(call, "recvcount", recvcount, dtype);
+  if (c.rank == root) {
+    rooted.layout = layoutOf(call, "sendcounts", "displs", sendcounts, displs, c.size, dtype);
+    if (rooted.layout.bytes[root] != rooted.bytes)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcount {} differs from sendcounts[{}] = {} on root; they must be "
+           "equal", call, recvcount, root, sendcounts[root]);
+    checkBuffer(call, "sendbuf (on root)", sendbuf, rooted.layout.end);
+    const void* inPlace = static_cast<const uint8_t*>(sendbuf) + rooted.layout.offset[root];
+    if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
+    checkNoPartialOverlap(call, sendbuf, rooted.layout.end, recvbuf, rooted.bytes, recvbuf == inPlace);
+  } else {
+    checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
+  }
+  return rooted;
+}
+
+void hostGather(shoal_comm& c, uint64_t sequence, CallKind kind, size_t count, const void* sendbuf, void* recvbuf,
+                const Rooted& rooted, shoal_dtype_t dtype, int root) {
+  const bool v = kind == CallKind::Gatherv;
+  CallScope scope(c, signatureOf(kind, dtype, -1, v ? 0 : count, root, "linear"));
+  runGather(c, sequence, sendbuf, rooted.bytes, recvbuf, rooted.layout, root, v);
+}
+
+void hostScatter(shoal_comm& c, uint64_t sequence, CallKind kind, size_t count, const void* sendbuf, void* recvbuf,
+                 const Rooted& rooted, shoal_dtype_t dtype, int root) {
+  const bool v = kind == CallKind::Scatterv;
+  CallScope scope(c, signatureOf(kind, dtype, -1, v ? 0 : count, root, "linear"));
+  runScatter(c, sequence, sendbuf, rooted.layout, recvbuf, rooted.bytes, root, v);
+}
+
+}  // namespace
+
 SHOAL_EXPORT shoal_status_t shoal_gather(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t sendcount,
                                          shoal_dtype_t dtype, int root) {
   return enter(comm, "shoal_gather", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    checkRoot(call, root, c.size);
-    const size_t total = checkedByteCount(call, "sendcount x world size", sendcount, dtype, c.size);
-    const size_t bytes = total / c.size;
-    Layout recv = uniformLayout(bytes, c.size);
-    if (c.rank == root) {
-      checkBuffer(call, "recvbuf (on root)", recvbuf, total);
-      const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
-      if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, total, sendbuf == inPlace);
-    } else {
-      checkBuffer(call, "sendbuf", sendbuf, bytes);
-    }
-    CallScope scope(c, signatureOf(CallKind::Gather, dtype, -1, sendcount, root, "linear"));
-    runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, false);
+    Rooted rooted = checkGather(thisCall.name(), thisCall.comm(), sendbuf, recvbuf, sendcount, dtype, root);
+    hostGather(thisCall.comm(), thisCall.sequence(), CallKind::Gather, sendcount, sendbuf, recvbuf, rooted, dtype,
+               root);
   });
 }
 
@@ -214,51 +328,18 @@ SHOAL_EXPORT shoal_status_t shoal_gatherv(shoal_comm_t comm, const void* sendbuf
                                           const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype,
                                           int root) {
   return enter(comm, "shoal_gatherv", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    checkRoot(call, root, c.size);
-    const size_t bytes = checkedByteCount(call, "sendcount", sendcount, dtype);
-    Layout recv;
-    if (c.rank == root) {
-      recv = layoutOf(call, "recvcounts", "displs", recvcounts, displs, c.size, dtype);
-      if (recv.bytes[root] != bytes)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {} on root; they must be "
-             "equal", call, sendcount, root, recvcounts[root]);
-      checkBuffer(call, "recvbuf (on root)", recvbuf, recv.end);
-      const void* inPlace = static_cast<uint8_t*>(recvbuf) + recv.offset[root];
-      if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, bytes, recvbuf, recv.end, sendbuf == inPlace);
-    } else {
-      checkBuffer(call, "sendbuf", sendbuf, bytes);
-    }
-    CallScope scope(c, signatureOf(CallKind::Gatherv, dtype, -1, 0, root, "linear"));
-    runGather(c, sequence, sendbuf, bytes, recvbuf, recv, root, true);
+    Rooted rooted = checkGatherv(thisCall.name(), thisCall.comm(), sendbuf, sendcount, recvbuf, recvcounts, displs,
+                                 dtype, root);
+    hostGather(thisCall.comm(), thisCall.sequence(), CallKind::Gatherv, 0, sendbuf, recvbuf, rooted, dtype, root);
   });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_scatter(shoal_comm_t comm, const void* sendbuf, void* recvbuf, size_t recvcount,
                                           shoal_dtype_t dtype, int root) {
   return enter(comm, "shoal_scatter", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    checkRoot(call, root, c.size);
-    const size_t total = checkedByteCount(call, "recvcount x world size", recvcount, dtype, c.size);
-    const size_t bytes = total / c.size;
-    Layout send = uniformLayout(bytes, c.size);
-    if (c.rank == root) {
-      checkBuffer(call, "sendbuf (on root)", sendbuf, total);
-      const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
-      if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, total, recvbuf, bytes, recvbuf == inPlace);
-    } else {
-      checkBuffer(call, "recvbuf", recvbuf, bytes);
-    }
-    CallScope scope(c, signatureOf(CallKind::Scatter, dtype, -1, recvcount, root, "linear"));
-    runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, false);
+    Rooted rooted = checkScatter(thisCall.name(), thisCall.comm(), sendbuf, recvbuf, recvcount, dtype, root);
+    hostScatter(thisCall.comm(), thisCall.sequence(), CallKind::Scatter, recvcount, sendbuf, recvbuf, rooted, dtype,
+                root);
   });
 }
 
@@ -266,26 +347,318 @@ SHOAL_EXPORT shoal_status_t shoal_scatterv(shoal_comm_t comm, const void* sendbu
                                            const size_t* displs, void* recvbuf, size_t recvcount,
                                            shoal_dtype_t dtype, int root) {
   return enter(comm, "shoal_scatterv", [&](Call& thisCall) {
+    Rooted rooted = checkScatterv(thisCall.name(), thisCall.comm(), sendbuf, sendcounts, displs, recvbuf, recvcount,
+                                  dtype, root);
+    hostScatter(thisCall.comm(), thisCall.sequence(), CallKind::Scatterv, 0, sendbuf, recvbuf, rooted, dtype, root);
+  });
+}
+
+// ---- tensor forms: host tensors take the calls above, CUDA tensors NCCL ----
+//
+// The same checks as the raw-pointer calls, on the tensors' data, plus the
+// tensors' own: dtypes, element counts, room for the layout. A host call's
+// refusal is this rank's (as above); a CUDA call's reaches every rank through
+// the agreement round of gpu/route.h, and the per-peer forms compare every
+// pair's counts before NCCL moves data (gpu/exchange_route.h).
+
+namespace {
+
+size_t elementsOf(const char* call, const char* what, const shoal_tensor_t* tensor) {
+  if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, what);
+  return checkedTensorElements(call, what, *tensor);
+}
+
+void sameDtype(const char* call, const shoal_tensor_t& input, const shoal_tensor_t& output) {
+  if (output.dtype != input.dtype)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+         shoal_dtype_name(output.dtype), shoal_dtype_name(input.dtype));
+}
+
+void expectElements(const char* call, const char* what, size_t elements, size_t expected, const char* rule) {
+  if (elements != expected)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} has {} elements; it must hold {} ({})", call, what, elements, expected,
+         rule);
+}
+
+// A v form's blocks must lie inside the tensor.
+void expectRoom(const char* call, const char* what, const shoal_tensor_t& tensor, size_t elements, size_t end,
+                const char* layout) {
+  if (end > elements * dtypeSize(tensor.dtype))
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} reach element {} but {} has {} elements", call, layout,
+         end / dtypeSize(tensor.dtype), what, elements);
+}
+
+// The tensors a rank passes that it uses: rooted calls read some on root only
+// (and accept NULL elsewhere), so only those decide the memory route.
+std::vector<const shoal_tensor_t*> used(std::initializer_list<const shoal_tensor_t*> always,
+                                        const shoal_tensor_t* onRootOnly, bool isRoot) {
+  std::vector<const shoal_tensor_t*> tensors;
+  for (const shoal_tensor_t* tensor : always)
+    if (tensor != nullptr) tensors.push_back(tensor);
+  if (isRoot && onRootOnly != nullptr) tensors.push_back(onRootOnly);
+  return tensors;
+}
+
+DeviceBlocks deviceBlocks(const Layout& layout, int size) {
+  if (layout.bytes.empty()) return DeviceBlocks{std::vector<size_t>(size), std::vector<size_t>(size)};
+  return DeviceBlocks{layout.bytes, layout.offset};
+}
+
+// Blocks with bytes for one rank only, at offset 0 (a rooted call's one-way side).
+DeviceBlocks oneBlock(int size, int rank, size_t bytes) {
+  DeviceBlocks blocks{std::vector<size_t>(size), std::vector<size_t>(size)};
+  blocks.bytes[rank] = bytes;
+  return blocks;
+}
+
+// Host tensors: checks (refused on this rank alone, like the raw-pointer
+// calls), then host(). CUDA tensors: checks whose refusal every rank hears
+// of, this process's readiness, then device().
+template <typename Checks, typename Host, typename Device>
+void tensorCall(Call& call, MemoryRoute& route, Checks&& checks, Host&& host, Device&& device) {
+  if (!route.cuda) {
+    checks();
+    return host();
+  }
+  checkCudaArguments(call.comm(), call.sequence(), route, checks);
+  checkCudaReady(call.comm(), call.name(), route);
+  device();
+}
+
+}  // namespace
+
+SHOAL_EXPORT shoal_status_t shoal_alltoall_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                  const shoal_tensor_t* output) {
+  return enter(comm, "shoal_alltoall_tensor", [&](Call& thisCall) {
     const char* call = thisCall.name();
     shoal_comm& c = thisCall.comm();
-    const uint64_t sequence = thisCall.sequence();
-    checkDtype(call, dtype);
-    checkRoot(call, root, c.size);
-    const size_t bytes = checkedByteCount(call, "recvcount", recvcount, dtype);
-    Layout send;
-    if (c.rank == root) {
-      send = layoutOf(call, "sendcounts", "displs", sendcounts, displs, c.size, dtype);
-      if (send.bytes[root] != bytes)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcount {} differs from sendcounts[{}] = {} on root; they must be "
-             "equal", call, recvcount, root, sendcounts[root]);
-      checkBuffer(call, "sendbuf (on root)", sendbuf, send.end);
-      const void* inPlace = static_cast<const uint8_t*>(sendbuf) + send.offset[root];
-      if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, bytes);
-      checkNoPartialOverlap(call, sendbuf, send.end, recvbuf, bytes, recvbuf == inPlace);
-    } else {
-      checkBuffer(call, "recvbuf", recvbuf, bytes);
-    }
-    CallScope scope(c, signatureOf(CallKind::Scatterv, dtype, -1, 0, root, "linear"));
-    runScatter(c, sequence, sendbuf, send, recvbuf, bytes, root, true);
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+    MemoryRoute route = routeOf(call, {input, output});
+    size_t count = 0;
+    Layout layout;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          const size_t elements = elementsOf(call, "input", input);
+          sameDtype(call, *input, *output);
+          if (elements % c.size != 0)
+            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements, not a multiple of the world size {}; use "
+                 "shoal_alltoallv_tensor for blocks of different sizes", call, elements, c.size);
+          expectElements(call, "output", elementsOf(call, "output", output), elements, "as many as input");
+          count = elements / c.size;
+          layout = checkAlltoall(call, c, input->data, output->data, count, input->dtype);
+        },
+        [&] {
+          CallScope scope(c, signatureOf(CallKind::Alltoall, input->dtype, -1, count, -1, "pairwise"));
+          runAlltoallv(c, thisCall.sequence(), input->data, layout, output->data, layout, false);
+        },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"alltoall", input->dtype, count, -1, false, input->data,
+                                      deviceBlocks(layout, c.size), output->data, deviceBlocks(layout, c.size)});
+        });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_alltoallv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                   const size_t* sendcounts, const size_t* sdispls,
+                                                   const shoal_tensor_t* output, const size_t* recvcounts,
+                                                   const size_t* rdispls) {
+  return enter(comm, "shoal_alltoallv_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+    MemoryRoute route = routeOf(call, {input, output});
+    Layout send, recv;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          const size_t in = elementsOf(call, "input", input), out = elementsOf(call, "output", output);
+          sameDtype(call, *input, *output);
+          std::tie(send, recv) = checkAlltoallv(call, c, input->data, sendcounts, sdispls, output->data, recvcounts,
+                                                rdispls, input->dtype);
+          expectRoom(call, "input", *input, in, send.end, "sendcounts and sdispls");
+          expectRoom(call, "output", *output, out, recv.end, "recvcounts and rdispls");
+        },
+        [&] {
+          CallScope scope(c, signatureOf(CallKind::Alltoallv, input->dtype, -1, 0, -1, "pairwise"));
+          runAlltoallv(c, thisCall.sequence(), input->data, send, output->data, recv, true);
+        },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"alltoallv", input->dtype, 0, -1, true, input->data, deviceBlocks(send, c.size),
+                                      output->data, deviceBlocks(recv, c.size)});
+        });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_reduce_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                const shoal_tensor_t* output, shoal_op_t op, int root) {
+  return enter(comm, "shoal_reduce_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root;
+    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
+    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
+    size_t count = 0;
+    void* recv = nullptr;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "input", input);
+          if (isRoot) {
+            expectElements(call, "output (on root)", elementsOf(call, "output (on root)", output), count,
+                           "as many as input");
+            sameDtype(call, *input, *output);
+            recv = output->data;
+          }
+          checkReduce(call, c, input->data, recv, count, input->dtype, op, root);
+          if (route.cuda && !ncclReduces(op))
+            fail(SHOAL_ERR_UNSUPPORTED, "{}: NCCL has no {} reduction for CUDA tensors; reduce with sum, avg, prod, "
+                 "min or max, or use shoal_allreduce_tensor (its device ring runs the bitwise ops)",
+                 call, shoal_op_name(op));
+        },
+        [&] { runReduce(c, thisCall.sequence(), input->data, recv, count, input->dtype, op, root); },
+        [&] { cudaReduce(c, thisCall.sequence(), route, input->data, recv, count, input->dtype, op, root); });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_gather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                const shoal_tensor_t* output, int root) {
+  return enter(comm, "shoal_gather_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root;
+    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
+    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
+    size_t count = 0;
+    void* recv = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "input", input);
+          if (isRoot) {
+            const size_t out = elementsOf(call, "output (on root)", output);
+            sameDtype(call, *input, *output);
+            checkedByteCount(call, "input elements x world size", count, input->dtype, c.size);
+            expectElements(call, "output (on root)", out, count * c.size, "world size x input");
+            recv = output->data;
+          }
+          rooted = checkGather(call, c, input->data, recv, count, input->dtype, root);
+        },
+        [&] { hostGather(c, thisCall.sequence(), CallKind::Gather, count, input->data, recv, rooted, input->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"gather", input->dtype, count, root, false, input->data,
+                                      oneBlock(c.size, root, rooted.bytes), recv,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0)});
+        });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_gatherv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                 const shoal_tensor_t* output, const size_t* recvcounts,
+                                                 const size_t* displs, int root) {
+  return enter(comm, "shoal_gatherv_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root;
+    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
+    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
+    size_t count = 0;
+    void* recv = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "input", input);
+          size_t out = 0;
+          if (isRoot) {
+            out = elementsOf(call, "output (on root)", output);
+            sameDtype(call, *input, *output);
+            recv = output->data;
+          }
+          rooted = checkGatherv(call, c, input->data, count, recv, recvcounts, displs, input->dtype, root);
+          if (isRoot) expectRoom(call, "output (on root)", *output, out, rooted.layout.end, "recvcounts and displs");
+        },
+        [&] { hostGather(c, thisCall.sequence(), CallKind::Gatherv, 0, input->data, recv, rooted, input->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"gatherv", input->dtype, 0, root, true, input->data,
+                                      oneBlock(c.size, root, rooted.bytes), recv,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0)});
+        });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_scatter_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                 const shoal_tensor_t* output, int root) {
+  return enter(comm, "shoal_scatter_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root;
+    if (output == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL", call);
+    MemoryRoute route = routeOf(call, used({output}, input, isRoot));
+    size_t count = 0;
+    const void* send = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "output", output);
+          if (isRoot) {
+            const size_t in = elementsOf(call, "input (on root)", input);
+            sameDtype(call, *input, *output);
+            checkedByteCount(call, "output elements x world size", count, output->dtype, c.size);
+            expectElements(call, "input (on root)", in, count * c.size, "world size x output");
+            send = input->data;
+          }
+          rooted = checkScatter(call, c, send, output->data, count, output->dtype, root);
+        },
+        [&] { hostScatter(c, thisCall.sequence(), CallKind::Scatter, count, send, output->data, rooted, output->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"scatter", output->dtype, count, root, false, send,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0),
+                                      output->data, oneBlock(c.size, root, rooted.bytes)});
+        });
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_scatterv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                  const size_t* sendcounts, const size_t* displs,
+                                                  const shoal_tensor_t* output, int root) {
+  return enter(comm, "shoal_scatterv_tensor", [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root;
+    if (output == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL", call);
+    MemoryRoute route = routeOf(call, used({output}, input, isRoot));
+    size_t count = 0;
+    const void* send = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "output", output);
+          size_t in = 0;
+          if (isRoot) {
+            in = elementsOf(call, "input (on root)", input);
+            sameDtype(call, *input, *output);
+            send = input->data;
+          }
+          rooted = checkScatterv(call, c, send, sendcounts, displs, output->data, count, output->dtype, root);
+          if (isRoot) expectRoom(call, "input (on root)", *input, in, rooted.layout.end, "sendcounts and displs");
+        },
+        [&] { hostScatter(c, thisCall.sequence(), CallKind::Scatterv, 0, send, output->data, rooted, output->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{"scatterv", output->dtype, 0, root, true, send,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0),
+                                      output->data, oneBlock(c.size, root, rooted.bytes)});
+        });
   });
 }

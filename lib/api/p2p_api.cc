@@ -19,7 +19,9 @@
 // So a send completes only when its receive has (like MPI_Ssend): two ranks
 // that both send first wait for each other until the deadline; post both
 // directions in one shoal_sendrecv_many instead.
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "comm/agree.h"
@@ -29,6 +31,7 @@
 #include "api/guard.h"
 #include "runtime/engine.h"
 #include "collectives/common/reducer.h"
+#include "gpu/exchange_route.h"
 
 using namespace shoal;
 
@@ -37,7 +40,8 @@ namespace {
 constexpr int kUserTagBits = 25;
 static_assert(SHOAL_TAG_MAX == (1 << kUserTagBits) - 1, "shoal.h's SHOAL_TAG_MAX is the tag field's range");
 enum Phase : uint64_t { kHeader = 0, kData = 1, kAck = 2 };
-constexpr uint32_t kHeaderMagic = 0x73703270;  // "p2ps"
+constexpr uint32_t kHeaderMagic = 0x73703270;      // "p2ps": host memory
+constexpr uint32_t kHeaderMagicCuda = 0x63703270;  // "p2pc": CUDA memory (the data travels over NCCL)
 
 struct Header {
   uint64_t count = 0;
@@ -72,6 +76,65 @@ void checkOp(const char* call, const shoal_comm& c, const shoal_p2p_t& op, int i
   checkBuffer(call, index < 0 ? "buf" : "ops[i].buf", op.buf, bytes);
 }
 
+const char* memoryOf(uint32_t magic) { return magic == kHeaderMagicCuda ? "CUDA memory" : "host memory"; }
+
+// A received header against the receive it is for: throws MISMATCH naming both sides.
+void checkHeader(const char* call, const shoal_p2p_t& op, const Header& header, uint32_t expected) {
+  if (header.magic != kHeaderMagic && header.magic != kHeaderMagicCuda)
+    fail(SHOAL_ERR_MISMATCH, "{}: rank {} sent a malformed header (tag {}): is it running the same shoal?", call,
+         op.peer, op.tag);
+  if (header.magic != expected)
+    fail(SHOAL_ERR_MISMATCH,
+         "{}: rank {} sends {} with tag {} but this rank receives into {}; pass both in host memory or both in CUDA "
+         "memory",
+         call, op.peer, memoryOf(header.magic), op.tag, memoryOf(expected));
+  if (header.count != op.count || header.dtype != op.dtype)
+    fail(SHOAL_ERR_MISMATCH,
+         "{}: rank {} sends {} x {} with tag {} but this rank receives {}; the send and its receive must pass the "
+         "same count and dtype",
+         call, op.peer, header.count, dtypeText(header.dtype), op.tag, describeOp(op));
+}
+
+// The CUDA form of exchange(): headers and a "go" back from every receiver
+// over the host transport (so a count, dtype or memory-kind disagreement
+// fails both sides there, before NCCL could wait on mismatched sizes), then
+// the data over NCCL. NCCL matches a pair's operations in the order posted,
+// the host transport by tag: both sides therefore order a pair's operations
+// by tag, then as posted.
+void exchangeCuda(shoal_comm& c, const char* call, const MemoryRoute& route, const shoal_p2p_t* ops, int n) {
+  Transport& transport = *c.transport;
+  const Deadline deadline = deadlineAfter(c.timeoutS);
+  const uint32_t signature = currentCallWord(c);
+  std::vector<Header> outgoing(n), incoming(n);
+  std::vector<Transport::Request> headers, later;
+  std::vector<int> receives;
+  uint8_t goByte = 0;
+  for (int i = 0; i < n; ++i) {
+    const shoal_p2p_t& op = ops[i];
+    if (op.kind == SHOAL_P2P_SEND) {
+      outgoing[i] = Header{op.count, static_cast<int32_t>(op.dtype), kHeaderMagicCuda};
+      later.push_back(transport.isend(op.peer, p2pTag(signature, kHeader, op.tag), &outgoing[i], sizeof(Header)));
+      later.push_back(transport.irecv(op.peer, p2pTag(signature, kAck, op.tag), &goByte, 0));
+    } else {
+      headers.push_back(transport.irecv(op.peer, p2pTag(signature, kHeader, op.tag), &incoming[i], sizeof(Header)));
+      receives.push_back(i);
+    }
+  }
+  transport.waitAll(headers.data(), headers.size(), deadline);
+  for (int i : receives) checkHeader(call, ops[i], incoming[i], kHeaderMagicCuda);
+  for (int i : receives) later.push_back(transport.isend(ops[i].peer, p2pTag(signature, kAck, ops[i].tag), &goByte, 0));
+  transport.waitAll(later.data(), later.size(), deadline);
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return std::tie(ops[a].peer, ops[a].tag) < std::tie(ops[b].peer, ops[b].tag);
+  });
+  std::vector<DevicePeerOp> device;
+  for (int i : order)
+    device.push_back({ops[i].kind == SHOAL_P2P_SEND, ops[i].peer, ops[i].buf, ops[i].count * dtypeSize(ops[i].dtype)});
+  cudaSendRecv(c, route, device);
+}
+
 // Posts and completes every operation (checked already), in three rounds so
 // that no rank waits for what its peer posts only later: headers and
 // outgoing data first, then the incoming data once its header is checked,
@@ -102,15 +165,7 @@ void exchange(shoal_comm& c, const char* call, const shoal_p2p_t* ops, int n) {
   std::vector<Transport::Request> data;
   for (int i : receives) {
     const shoal_p2p_t& op = ops[i];
-    const Header& header = incoming[i];
-    if (header.magic != kHeaderMagic)
-      fail(SHOAL_ERR_MISMATCH, "{}: rank {} sent a malformed header (tag {}): is it running the same shoal?", call,
-           op.peer, op.tag);
-    if (header.count != op.count || header.dtype != op.dtype)
-      fail(SHOAL_ERR_MISMATCH,
-           "{}: rank {} sends {} x {} with tag {} but this rank receives {}; the send and its receive must pass the "
-           "same count and dtype",
-           call, op.peer, header.count, dtypeText(header.dtype), op.tag, describeOp(op));
+    checkHeader(call, op, incoming[i], kHeaderMagic);
     data.push_back(transport.irecv(op.peer, p2pTag(signature, kData, op.tag), op.buf, op.count * dtypeSize(op.dtype)));
   }
   transport.waitAll(data.data(), data.size(), deadline);
@@ -118,7 +173,9 @@ void exchange(shoal_comm& c, const char* call, const shoal_p2p_t* ops, int n) {
   transport.waitAll(later.data(), later.size(), deadline);
 }
 
-void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops, int n, bool single) {
+// route: the memory of the tensor form's operations (nullptr: host buffers).
+void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops, int n, bool single,
+                     const MemoryRoute* route = nullptr) {
   shoal_comm& c = usableComm(comm, call);
   if (c.engine && c.engine->routesBlockingCalls())
     fail(SHOAL_ERR_INVALID_ARGUMENT,
@@ -131,7 +188,8 @@ void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops
   if (n == 0) return;
   CallScope scope(c, signatureOf(CallKind::SendRecv, -1, -1, 0));
   try {
-    exchange(c, call, ops, n);
+    if (route != nullptr && route->cuda) exchangeCuda(c, call, *route, ops, n);
+    else exchange(c, call, ops, n);
     c.transport->checkNotAborted();
   } catch (const Error& error) {
     if (!c.transport->failed()) c.transport->abort(error.what(), error.status());
@@ -159,4 +217,32 @@ SHOAL_EXPORT shoal_status_t shoal_recv(shoal_comm_t comm, void* buf, size_t coun
 
 SHOAL_EXPORT shoal_status_t shoal_sendrecv_many(shoal_comm_t comm, const shoal_p2p_t* ops, int n) {
   return guarded(comm, [&] { runPointToPoint(comm, "shoal_sendrecv_many", ops, n, false); });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_sendrecv_many_tensor(shoal_comm_t comm, const shoal_p2p_tensor_t* ops, int n) {
+  const char* call = "shoal_sendrecv_many_tensor";
+  return guarded(comm, [&] {
+    shoal_comm& c = usableComm(comm, call);
+    if (n < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: n is {}; pass n >= 0", call, n);
+    if (n > 0 && ops == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ops is NULL but n is {}", call, n);
+    std::vector<const shoal_tensor_t*> tensors;
+    for (int i = 0; i < n; ++i) tensors.push_back(&ops[i].tensor);
+    MemoryRoute route = routeOf(call, tensors);
+    std::vector<shoal_p2p_t> plain(n);
+    try {
+      for (int i = 0; i < n; ++i) {
+        const size_t count = checkedTensorElements(call, "ops[i].tensor", ops[i].tensor);
+        plain[i] = {ops[i].kind, ops[i].peer, ops[i].tag, ops[i].tensor.data, count, ops[i].tensor.dtype};
+      }
+      checkCudaReady(c, call, route);
+      if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
+    } catch (const Error& error) {
+      // Point-to-point has no agreement round: a CUDA call refused here
+      // fails the communicator, so its peers hear of it at once instead of
+      // waiting for their deadline (docs/collectives.md).
+      if (route.cuda && !c.transport->failed()) c.transport->abort(error.what(), error.status());
+      throw;
+    }
+    runPointToPoint(comm, call, plain.data(), n, false, &route);
+  });
 }

@@ -4,6 +4,7 @@
 // layers define, so this header includes only downward.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -66,6 +67,8 @@ struct shoal_comm {
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)
   std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease> nccl;  // made by the first CUDA call (gpu/route.cc)
   int ncclGeneration = 0;  // NCCL communicators made so far: a fresh store key for each unique id
+  // Two-rank NCCL communicators of CUDA point-to-point calls, by peer (gpu/exchange_route.cc).
+  std::map<int, std::unique_ptr<shoal::nccl::Communicator, shoal::NcclRelease>> ncclPeers;
   shoal::Scratch scratch;  // reused by every call
   std::unique_ptr<shoal::plugin::CompressorCache, shoal::plugin::CompressorCacheRelease>
       compressors;  // compressor instances and per-tensor state (made by shoal_comm_init)

@@ -35,6 +35,10 @@ void MemoryRoute::refuse(shoal_status_t status, std::string text) {
 }
 
 MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t*> tensors) {
+  return routeOf(call, std::vector<const shoal_tensor_t*>(tensors));
+}
+
+MemoryRoute routeOf(const char* call, const std::vector<const shoal_tensor_t*>& tensors) {
   MemoryRoute route;
   bool host = false;
   for (const shoal_tensor_t* tensor : tensors) {
@@ -124,10 +128,13 @@ void checkCudaReady(shoal_comm& comm, const char* call, MemoryRoute& route) {
 #endif
 }
 
-namespace {
-// What every rank must agree on for a CUDA call: its kind, dtype, count and op or root.
-std::string describeCall(const char* kind, shoal_dtype_t dtype, size_t count, int opOrRoot) {
+std::string describeCudaCall(const char* kind, shoal_dtype_t dtype, size_t count, int opOrRoot) {
   return fmt::format("{}|{}|{}|{}", kind, static_cast<int>(dtype), count, opOrRoot);
+}
+
+namespace {
+std::string describeCall(const char* kind, shoal_dtype_t dtype, size_t count, int opOrRoot) {
+  return describeCudaCall(kind, dtype, count, opOrRoot);
 }
 }  // namespace
 
@@ -201,6 +208,11 @@ void onDevice(shoal_comm& comm, const MemoryRoute& route, Body&& body) {
 }
 
 }  // namespace
+
+void onNccl(shoal_comm& comm, const MemoryRoute& route,
+            const std::function<void(nccl::Communicator&, Deadline)>& body) {
+  onDevice(comm, route, body);
+}
 
 void cudaAllreduce(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
                    size_t count, shoal_dtype_t dtype, shoal_op_t op) {

@@ -30,6 +30,7 @@ struct MemoryRoute {
 // The memory kinds of a call's tensors (refusals recorded, not thrown):
 // every kind valid, all of one kind, all CUDA tensors on one device.
 MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t*> tensors);
+MemoryRoute routeOf(const char* call, const std::vector<const shoal_tensor_t*>& tensors);
 // Whether this process can run a CUDA call now: built with CUDA and NCCL, a
 // device present, the ordinal valid, the communicator's NCCL device, and the
 // tensors' pointers really device memory of that device.
@@ -67,5 +68,17 @@ const void* cudaPayloadAllgatherv(shoal_comm& comm, const MemoryRoute& route, in
 void cudaPayloadsDone(shoal_comm& comm, const MemoryRoute& route);
 // Bytes this rank sent over NCCL so far (0 without an NCCL communicator).
 uint64_t cudaBytesSent(const shoal_comm& comm);
+
+// What every rank must agree on for a CUDA call: its kind, dtype, count and op
+// or root (the description agreeOnCudaCall compares).
+std::string describeCudaCall(const char* kind, shoal_dtype_t dtype, size_t count, int opOrRoot);
+
+#if SHOAL_WITH_NCCL
+// Runs body on the communicator's NCCL communicator (made by its first CUDA
+// call, which every rank makes); a failure aborts the host transport too, so
+// peers hear of it. For the CUDA collectives of other files (exchange_route.cc).
+void onNccl(shoal_comm& comm, const MemoryRoute& route,
+            const std::function<void(nccl::Communicator&, Deadline)>& body);
+#endif
 
 }  // namespace shoal

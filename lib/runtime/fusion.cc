@@ -9,6 +9,7 @@
 #include "comm/call.h"
 #include "comm/host_ops.h"
 #include "plugin/driver.h"
+#include "runtime/alltoall.h"
 #include "runtime/timeline.h"
 
 namespace shoal::runtime {
@@ -162,6 +163,9 @@ void runGroup(shoal_comm& comm, Group& group, std::vector<uint8_t>& fusionBuffer
       return runBroadcast(comm, first, timeline, group);
     case OpKind::Allgather:
       return runAllgather(comm, first, timeline, group);
+    case OpKind::Alltoall:
+    case OpKind::Alltoallv:
+      return runAlltoall(comm, first, timeline);
     case OpKind::Allreduce:
       if (group.members.front()->compress) return runCompressedAllreduce(comm, group, timeline);
       return runPlainAllreduce(comm, group, fusionBuffer, timeline);

@@ -16,6 +16,8 @@ const char* opKindName(OpKind kind) {
     case OpKind::Broadcast: return "broadcast";
     case OpKind::Blocking: return "blocking call";
     case OpKind::Join: return "join";
+    case OpKind::Alltoall: return "alltoall";
+    case OpKind::Alltoallv: return "alltoallv";
   }
   return "invalid";
 }

@@ -14,7 +14,8 @@
 
 namespace shoal::runtime {
 
-enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3, Join = 4 };
+enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3, Join = 4, Alltoall = 5,
+                              Alltoallv = 6 };
 const char* opKindName(OpKind kind);
 
 // The name under which blocking calls travel through the engine once it runs
@@ -68,6 +69,10 @@ struct Request {
   bool standIn = false;
   std::vector<uint8_t> standInBuffer;
   int lastJoined = -1;           // join: the last rank to join, set before completing
+  // Alltoall (runtime/alltoall.h): elements to each rank (set at submission),
+  // then from each rank and the received data (set by the engine before completing).
+  std::vector<size_t> sendcounts, recvcounts;
+  std::vector<uint8_t> received;
 
   // Queued -> Running; false when the submitter gave up (Cancelled).
   bool tryStart();

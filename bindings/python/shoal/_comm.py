@@ -83,11 +83,12 @@ _in_flight_lock = threading.Lock()
 class Request:
     """An async collective in flight. wait() returns its result array."""
 
-    def __init__(self, handle, keepalive, result, finish=None, name=None):
+    def __init__(self, handle, keepalive, result, finish=None, name=None, collect=None):
         self._handle = handle
         self._keepalive = keepalive
         self._result = result
         self._finish = finish
+        self._collect = collect  # reads a result the request holds (alltoall), before the handle is freed
         self.name = name
         self._done = False
         self._error = None
@@ -100,6 +101,11 @@ class Request:
         if status != 0:
             text = _text(lib.shoal_request_error(self._handle)) or _text(lib.shoal_last_error(None))
             self._error = ShoalError(status, text)
+        elif self._collect is not None:
+            try:
+                self._result = self._collect(self._handle)
+            except ShoalError as error:
+                self._error = error
         lib.shoal_request_free(self._handle)
         self._handle = None
         self._done = True
@@ -487,6 +493,44 @@ class Communicator:
         handle = ctypes.c_void_p()
         self._check(lib.shoal_ibroadcast(self.handle, cname, ctypes.byref(dst.tensor), root, ctypes.byref(handle)))
         return Request(handle, (src, dst, cname), array, None, name)
+
+    def ialltoall(self, x, name, splits=None):
+        """Submits a named alltoall (rows of x's first axis, as alltoall()) to the runtime; returns a
+        Request whose wait() gives (the received rows, the list of their counts per rank)."""
+        cname = _cstr(name, "name")
+        src = B.describe(x, "x")
+        if not src.shape:
+            raise ValueError("shoal.ialltoall: x is a scalar; pass an array with a first axis")
+        rows, row_shape, row_elems = src.shape[0], tuple(src.shape[1:]), 1
+        for d in row_shape:
+            row_elems *= d
+        if row_elems == 0:
+            raise ValueError("shoal.ialltoall: x's rows hold no elements (shape %s); use alltoall()" % (src.shape,))
+        sendcounts = None
+        if splits is None:
+            if rows % self.size:
+                raise ValueError("shoal.ialltoall: x has %d rows, not a multiple of the world size %d; pass splits"
+                                 % (rows, self.size))
+        else:
+            splits = [int(s) for s in splits]
+            if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
+                raise ValueError("shoal.ialltoall: splits must hold %d counts >= 0 that add up to x's %d rows, got %s"
+                                 % (self.size, rows, splits))
+            sendcounts = (ctypes.c_size_t * self.size)(*[s * row_elems for s in splits])
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_ialltoall(self.handle, cname, ctypes.byref(src.tensor), sendcounts,
+                                        ctypes.byref(handle)))
+        size = self.size
+
+        def collect(request):
+            data, count = ctypes.c_void_p(), ctypes.c_size_t(0)
+            counts = (ctypes.c_size_t * size)()
+            check(lib.shoal_request_alltoall_result(request, ctypes.byref(data), ctypes.byref(count), counts))
+            array, dst = self._output(src, None, (count.value // row_elems,) + row_shape)
+            if count.value:
+                ctypes.memmove(dst.address, data.value, dst.nbytes)
+            return array, [c // row_elems for c in counts]
+        return Request(handle, (src, cname, sendcounts), None, None, name, collect)
 
     def async_start(self):
         self._check(lib.shoal_async_start(self.handle))

@@ -83,6 +83,7 @@ struct Communicator::Impl {
     size_t bytes = 0;
   };
   Buffer scratch;              // the device ring's receive block
+  Buffer staging;              // an in-place exchange's send side (staged())
   std::vector<Buffer> gathers;  // gatherSpace() slots
   uint64_t sent = 0;
   std::function<void()> peerCheck;
@@ -224,6 +225,7 @@ Communicator::Impl::~Impl() {
     else ncclCommAbort(comm);
   }
   if (scratch.data != nullptr) cudaFree(scratch.data);
+  if (staging.data != nullptr) cudaFree(staging.data);
   for (Buffer& buffer : gathers)
     if (buffer.data != nullptr) cudaFree(buffer.data);
   if (done != nullptr) cudaEventDestroy(done);
@@ -362,6 +364,84 @@ void Communicator::reduceScatter(const void* send, void* recv, size_t recvcount,
     cuda::finishOnDevice(recv, recvcount, dtype, op, m.size, stream);
   }
   m.complete(asStream(stream), "reduce-scatter", deadline);
+}
+
+void Communicator::reduce(const void* send, void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op, int root,
+                          void* stream, Deadline deadline) {
+  Impl& m = *impl_;
+  m.usable();
+  if (!isNativeAllreduce(dtype, op))
+    fail(SHOAL_ERR_UNSUPPORTED, "NCCL reduce takes sum, avg, prod, min and max, not {}", shoal_op_name(op));
+  DeviceGuard guard(m.device);
+  if (count > 0) {
+    // recv matters on root only; NCCL ignores it elsewhere.
+    m.settle(ncclReduce(send, m.rank == root ? recv : nullptr, count, ncclType(dtype), ncclOp(op), root, m.comm,
+                        asStream(stream)),
+             "reduce", deadline);
+    if (m.rank != root) m.sent += count * dtypeSize(dtype);  // what a tree moves up: one block per non-root rank
+    if (m.rank == root) cuda::finishOnDevice(recv, count, dtype, op, m.size, stream);
+  }
+  m.complete(asStream(stream), "reduce", deadline);
+}
+
+void Communicator::exchange(const void* send, const size_t* sendBytes, const size_t* sendOffset, void* recv,
+                            const size_t* recvBytes, const size_t* recvOffset, void* stream, const char* what,
+                            Deadline deadline) {
+  Impl& m = *impl_;
+  m.usable();
+  DeviceGuard guard(m.device);
+  cudaStream_t s = asStream(stream);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  if (sendBytes[m.rank] != recvBytes[m.rank])
+    fail(SHOAL_ERR_INTERNAL, "NCCL {}: this rank's block to itself has {} bytes out and {} in", what,
+         sendBytes[m.rank], recvBytes[m.rank]);
+  if (sendBytes[m.rank] > 0 && in + sendOffset[m.rank] != out + recvOffset[m.rank])
+    DeviceGuard::check(cudaMemcpyAsync(out + recvOffset[m.rank], in + sendOffset[m.rank], sendBytes[m.rank],
+                                       cudaMemcpyDeviceToDevice, s),
+                       "cudaMemcpyAsync");
+  m.settle(ncclGroupStart(), what, deadline);
+  for (int peer = 0; peer < m.size; ++peer) {
+    if (peer == m.rank) continue;
+    if (sendBytes[peer] > 0) {
+      m.settle(ncclSend(in + sendOffset[peer], sendBytes[peer], ncclUint8, peer, m.comm, s), what, deadline);
+      m.sent += sendBytes[peer];
+    }
+    if (recvBytes[peer] > 0)
+      m.settle(ncclRecv(out + recvOffset[peer], recvBytes[peer], ncclUint8, peer, m.comm, s), what, deadline);
+  }
+  m.settle(ncclGroupEnd(), what, deadline);
+  m.complete(s, what, deadline);
+}
+
+void Communicator::sendRecv(int peer, const PeerOp* ops, size_t n, void* stream, Deadline deadline) {
+  Impl& m = *impl_;
+  m.usable();
+  DeviceGuard guard(m.device);
+  cudaStream_t s = asStream(stream);
+  m.settle(ncclGroupStart(), "send/recv", deadline);
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i].bytes == 0) continue;
+    if (ops[i].send) {
+      m.settle(ncclSend(ops[i].data, ops[i].bytes, ncclUint8, peer, m.comm, s), "send", deadline);
+      m.sent += ops[i].bytes;
+    } else {
+      m.settle(ncclRecv(ops[i].data, ops[i].bytes, ncclUint8, peer, m.comm, s), "receive", deadline);
+    }
+  }
+  m.settle(ncclGroupEnd(), "send/recv", deadline);
+  m.complete(s, "send/recv", deadline);
+}
+
+const void* Communicator::staged(const void* from, size_t bytes, void* stream) {
+  Impl& m = *impl_;
+  m.usable();
+  DeviceGuard guard(m.device);
+  void* staging = m.grow(m.staging, bytes, "cudaMalloc (staging)");
+  if (bytes > 0)
+    DeviceGuard::check(cudaMemcpyAsync(staging, from, bytes, cudaMemcpyDeviceToDevice, asStream(stream)),
+                       "cudaMemcpyAsync");
+  return staging;
 }
 
 void* Communicator::gatherSpace(int slot, size_t bytes) {

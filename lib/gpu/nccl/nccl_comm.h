@@ -68,6 +68,32 @@ class Communicator {
   void reduceScatter(const void* send, void* recv, size_t recvcount, shoal_dtype_t dtype, shoal_op_t op,
                      void* stream, Deadline deadline);
 
+  // Root's recv gets the reduction of every rank's send (ncclReduce; avg is a
+  // sum divided once on root). Sum, avg, prod, min and max only: NCCL has no
+  // bitwise reduction. recv is written on root only.
+  void reduce(const void* send, void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op, int root, void* stream,
+              Deadline deadline);
+  // One group of ncclSend/ncclRecv (alltoall(v), gather(v) and scatter(v) are
+  // patterns of it, as in nccl-tests and torch): sendBytes[p] bytes at
+  // send + sendOffset[p] go to rank p, recvBytes[p] bytes from rank p land at
+  // recv + recvOffset[p]. Empty blocks are skipped (both sides know them:
+  // the caller checked the counts agree); the own block is copied on the
+  // device. Blocks of send and recv must not overlap (see staging()).
+  void exchange(const void* send, const size_t* sendBytes, const size_t* sendOffset, void* recv,
+                const size_t* recvBytes, const size_t* recvOffset, void* stream, const char* what, Deadline deadline);
+  // Point-to-point inside one group: every send goes to and every receive
+  // comes from `peer` (a rank of this communicator). Used on the two-rank
+  // communicators of shoal_sendrecv_many_tensor.
+  struct PeerOp {
+    bool send = false;
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  void sendRecv(int peer, const PeerOp* ops, size_t n, void* stream, Deadline deadline);
+  // Device memory for staging an in-place exchange's send side, copied from
+  // `from` on the stream; valid until the next call.
+  const void* staged(const void* from, size_t bytes, void* stream);
+
   // Waits for everything enqueued on stream so far (a compressor's last
   // kernels), watching NCCL's async error, within the deadline.
   void synchronize(void* stream, const char* what, Deadline deadline);

@@ -46,6 +46,19 @@ assert torch.equal(out.detach(), got)
 (out * (R + 1)).sum().backward()
 assert torch.equal(x.grad, torch.cat([torch.full((int(splits[p]), 3), float(p + 1)) for p in range(N)])), x.grad
 
+# The async form is a runtime request: negotiated into one order with requests other ranks
+# submitted in another order.
+x = torch.cat([rows(R, p, 2, torch.float32) for p in range(N)])
+y = torch.full((4,), float(R))
+if R % 2:
+    h1 = hvd.alltoall_async(x, name="a2a.async")
+    h2 = hvd.allreduce_async(y, name="ar.async", op=hvd.Sum)
+else:
+    h2 = hvd.allreduce_async(y, name="ar.async", op=hvd.Sum)
+    h1 = hvd.alltoall_async(x, name="a2a.async")
+assert torch.equal(hvd.synchronize(h1), torch.cat([rows(p, R, 2, torch.float32) for p in range(N)]))
+assert torch.equal(hvd.synchronize(h2), torch.full((4,), float(N * (N - 1) // 2)))
+
 try:
     hvd.alltoall(torch.zeros(5, 2), splits=[1] * (N + 1))
     raise AssertionError("no error for a wrong splits length")

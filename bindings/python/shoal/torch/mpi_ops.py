@@ -7,6 +7,7 @@ op, compressor) as errors on every rank. Handles are integers, as in Horovod;
 the tensors of a handle stay alive until synchronize().
 """
 import itertools
+import math
 import threading
 
 import torch
@@ -585,9 +586,27 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
-    """As alltoall, but returns a handle for synchronize(). The async runtime has no alltoall
-    request yet: the exchange runs at submission and the handle is already complete."""
-    return _new_handle(_Done(alltoall(tensor, splits, name)))
+    """As alltoall, but returns a handle for synchronize(): a named request of the async runtime
+    (shoal_ialltoall), negotiated and run in order with the other requests. Not differentiable
+    (as in Horovod). Rows of no elements (shape (n, 0, ...)) run at submission instead."""
+    _check_tensor(tensor)
+    if tensor.dim() == 0:
+        raise ValueError("alltoall: tensor is a scalar; pass a tensor with at least one dimension")
+    if splits is not None:
+        splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if math.prod(tensor.shape[1:]) == 0:
+        return _new_handle(_Done(alltoall(tensor, splits, name)))
+    comm = _comm_of(process_set)
+    name = _auto_name("alltoall", name)
+    try:
+        request = comm.ialltoall(tensor.detach().contiguous(), name, splits)
+    except ShoalError as error:
+        _raise(error)
+
+    def finish(result):
+        out, received = result
+        return out if splits is None else (out, torch.tensor(received, dtype=torch.int32))
+    return _new_handle(request, finish)
 
 
 # ---- completion --------------------------------------------------------------------------------------------

@@ -1,0 +1,65 @@
+#include "runtime/alltoall.h"
+
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/exchange.h"
+#include "comm/agree.h"
+#include "comm/call.h"
+#include "comm/communicator.h"
+#include "runtime/timeline.h"
+
+namespace shoal::runtime {
+namespace {
+
+// Byte counts and packed offsets of per-peer element counts.
+struct PeerLayout {
+  std::vector<size_t> bytes, offset;
+  size_t total = 0;
+  PeerBlocks view() const { return {bytes.data(), offset.data()}; }
+};
+
+PeerLayout packed(const std::vector<size_t>& counts, size_t element) {
+  PeerLayout blocks;
+  for (size_t count : counts) {
+    blocks.bytes.push_back(count * element);
+    blocks.offset.push_back(blocks.total);
+    blocks.total += count * element;
+  }
+  return blocks;
+}
+
+}  // namespace
+
+void runAlltoall(shoal_comm& comm, Request& r, Timeline* timeline) {
+  const size_t element = dtypeSize(r.meta.dtype);
+  const bool perPeer = r.meta.kind == OpKind::Alltoallv;
+  CallScope scope(comm, signatureOf(perPeer ? CallKind::Alltoallv : CallKind::Alltoall, r.meta.dtype, -1,
+                                    perPeer ? 0 : r.meta.elements() / comm.size, -1, "pairwise"));
+  const Clock::time_point begin = Clock::now();
+  if (perPeer) {
+    // Each rank tells each peer how much it sends it: an alltoall of one count each way.
+    std::vector<uint64_t> out(r.sendcounts.begin(), r.sendcounts.end()), in(comm.size);
+    const std::vector<size_t> word(comm.size, sizeof(uint64_t));
+    std::vector<size_t> place(comm.size);
+    for (int p = 0; p < comm.size; ++p) place[p] = p * sizeof(uint64_t);
+    runCollective(comm, comm.sequence++, [&](Context& context) {
+      alltoallvPairwise(context, reinterpret_cast<const uint8_t*>(out.data()), {word.data(), place.data()},
+                        reinterpret_cast<uint8_t*>(in.data()), {word.data(), place.data()});
+    });
+    r.recvcounts.assign(in.begin(), in.end());
+  } else {
+    r.recvcounts = r.sendcounts;  // the same shape everywhere (negotiated): even blocks both ways
+  }
+  const PeerLayout send = packed(r.sendcounts, element), recv = packed(r.recvcounts, element);
+  r.received.resize(recv.total);
+  runCollective(comm, comm.sequence++, [&](Context& context) {
+    alltoallvPairwise(context, static_cast<const uint8_t*>(r.input.data), send.view(), r.received.data(),
+                      recv.view());
+  });
+  if (timeline != nullptr)
+    timeline->span(r.name, "ALLTOALL", begin, Clock::now(), fmt::format("\"bytes\": {}", send.total + recv.total));
+}
+
+}  // namespace shoal::runtime
