@@ -35,6 +35,7 @@ class GroupTransport final : public Transport {
   bool failed() const override { return parent_.failed(); }
   uint64_t bytesSent() const override { return parent_.bytesSent(); }
   std::string failure() const override { return parent_.failure(); }
+  shoal_status_t failureStatus() const override { return parent_.failureStatus(); }
   std::string describePeer(int peer) const override { return parent_.describePeer(members_[peer]); }
   void checkForOtherCalls(uint64_t tag) override { parent_.checkForOtherCalls(tag); }
   void checkForMessagesOf(uint64_t tag) override { parent_.checkForMessagesOf(tag); }

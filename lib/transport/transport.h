@@ -96,6 +96,10 @@ class Transport {
   // Why the transport failed ("" while healthy). A copy: the engine thread may
   // fail the transport while the caller's thread reads this.
   virtual std::string failure() const = 0;
+  // The status of that failure: SHOAL_ERR_MISMATCH when it was a disagreement
+  // (this rank's or a peer's notice), so that a rank whose next call finds the
+  // transport already failed reports the disagreement as the others do.
+  virtual shoal_status_t failureStatus() const { return SHOAL_ERR_REMOTE; }
   // What the backend chose to reach `peer` (for diagnostics), e.g.
   // "shared memory (posix/memory, cma/memory), same host".
   virtual std::string describePeer(int peer) const { return peer == rank() ? "self" : "unknown"; }

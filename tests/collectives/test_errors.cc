@@ -542,6 +542,10 @@ void expectErrorOnEveryRank(const std::vector<Outcome>& outcomes, const std::str
     EXPECT_LT(out.seconds, kTimeoutS + kSlackS) << what << ", rank " << rank << ": error came too late";
     EXPECT_FALSE(out.text.empty()) << what << ", rank " << rank;
     EXPECT_NE(out.nextStatus, SHOAL_OK) << what << ", rank " << rank << ": the next call succeeded";
+    // A disagreement stays one: a rank that reached the next call after a
+    // peer's mismatch notice had failed its transport reports MISMATCH too.
+    if (out.status == SHOAL_ERR_MISMATCH)
+      EXPECT_EQ(out.nextStatus, SHOAL_ERR_MISMATCH) << what << ", rank " << rank << ": " << out.nextText;
     EXPECT_LT(out.nextSeconds, 1.0) << what << ", rank " << rank << ": the next call did not fail fast: "
                                     << out.nextText;
     EXPECT_NE(out.nextText.find("failed earlier"), std::string::npos)

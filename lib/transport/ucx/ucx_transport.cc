@@ -74,6 +74,10 @@ class UcxTransport final : public Transport {
     std::lock_guard<std::mutex> lock(failureMutex_);
     return failure_;
   }
+  shoal_status_t failureStatus() const override {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    return failureStatus_;
+  }
   std::string describePeer(int peer) const override;  // defined at the end of this file
 
  private:
@@ -653,7 +657,7 @@ void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t stat
 }
 
 void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
-  recordFailure(SHOAL_ERR_REMOTE, "the communicator was aborted: " + reason);
+  recordFailure(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE, "the communicator was aborted: " + reason);
   // The peers learn the status (MISMATCH or REMOTE) and the reason.
   abortOutbox_ = fmt::format("{} {}", static_cast<int>(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE),
                              reason).substr(0, kAbortMessageBytes - 1);
