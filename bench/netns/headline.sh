@@ -137,7 +137,7 @@ for ((k = 1; k <= hosts; k++)); do hostlist+="${hostlist:+,}10.212.0.$k"; done
 for rate in $rates; do
   "$here/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" --subnet 10.212.0 || exit 1
   aggregator=""
-  if want agg; then
+  if want agg || [[ ",$only," == *",agg_"* ]]; then  # --only agg_dense etc. need the aggregator too
     export SHOAL_TOKEN="${SHOAL_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
     aggregator=$("$here/aggregate.sh" start --name "$cluster" --bin "$BIN") || failures=$((failures + 1))
   fi
