@@ -281,4 +281,12 @@ bool carries(shoal_dtype_t dtype, shoal_op_t op) {
   return false;
 }
 
+void noteGathersTakeTheRing() {
+  static std::once_flag told;
+  std::call_once(told, [] {
+    SHOAL_LOG_INFO("SHOAL_ALGO=aggregate: compressor rounds that gather (allgatherv, e.g. topk's) are not sums the "
+                   "aggregator adds; they take the ring");
+  });
+}
+
 }  // namespace shoal::aggregate

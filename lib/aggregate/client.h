@@ -54,6 +54,10 @@ class Client {
 // SHOAL_ALGO=aggregate: true when this allreduce goes to the aggregators;
 // otherwise logs (info, once per dtype and op) that it takes the ring.
 bool carries(shoal_dtype_t dtype, shoal_op_t op);
+
+// Under SHOAL_ALGO=aggregate, says once per process (info) that compressor
+// rounds that gather (topk's allgatherv) take the ring: the aggregator only adds.
+void noteGathersTakeTheRing();
 // A fresh random key part that tells one communicator's calls apart at the aggregator.
 std::string randomNonce();
 

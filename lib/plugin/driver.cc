@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "aggregate/client.h"
 #include "collectives/allreduce/hierarchical.h"
 #include "gpu/route.h"
 #include "comm/call.h"
@@ -290,8 +291,10 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
           if (group)
             groupAllgatherv(comm, *group, payload.buffer, payload.count, payload.dtype, space.data, space.counts,
                             space.displs);
-          else
+          else {
+            if (comm.algorithm == "aggregate") aggregate::noteGathersTakeTheRing();
             allgathervBytes(comm, payload.buffer, payload.count, payload.dtype, space.data, space.counts, space.displs);
+          }
           payload.gathered = space.data.data();
           payload.gathered_counts = space.counts.data();
           payload.gathered_displs = space.displs.data();

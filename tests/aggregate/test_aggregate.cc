@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,9 @@
 #include "shoal/shoal.h"
 
 namespace {
+
+// The fallback notices are info lines (read once per process, before any use).
+const bool kInfoLogging = setenv("SHOAL_LOG_LEVEL", "info", 1) == 0;
 
 using shoal::test::RankOptions;
 using shoal::test::runRanks;
@@ -339,6 +343,34 @@ TEST_F(Aggregate, CompressorRoundsGoThroughTheAggregator) {
 
 // Ranks that pass different counts get MISMATCH on every rank (the aggregator
 // compares every rank's slot with the first), not a hang or a wrong sum.
+// A compressor round that gathers (topk's allgatherv) is not a sum the
+// aggregator can add: it takes the ring, the result is right, and the log
+// says so (the "anything else takes the ring, and the log says so").
+TEST_F(Aggregate, GatheringRoundsTakeTheRingAndTheLogSaysSo) {
+  ASSERT_TRUE(kInfoLogging);
+  auto daemon = std::make_unique<Daemon>();
+  use(daemon->url());
+  testing::internal::CaptureStderr();
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    const size_t count = 1024;
+    std::vector<float> input(count, 0.0f), output(count, -1.0f);
+    input[rank] = 1.0f + rank;  // one nonzero per rank: the largest, so topk sends it
+    shoal_tensor_t in = shoal_tensor_1d(input.data(), count, SHOAL_F32);
+    shoal_tensor_t out = shoal_tensor_1d(output.data(), count, SHOAL_F32);
+    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    opts.compressor = "topk";
+    opts.compress_min_bytes = 0;
+    ASSERT_EQ(shoal_allreduce_tensor(comm, &in, &out, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(output[0], 1.0f);
+    EXPECT_EQ(output[1], 2.0f);
+  }, options(10));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("SHOAL_ALGO=aggregate: compressor rounds that gather (allgatherv, e.g. topk's) are not sums the "
+                     "aggregator adds; they take the ring"),
+            std::string::npos)
+      << err;
+}
+
 TEST_F(Aggregate, MismatchedCountsAreAnErrorOnEveryRank) {
   Daemon daemon({"--slot-bytes", "1024"});
   use(daemon.url());
