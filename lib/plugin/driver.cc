@@ -488,7 +488,10 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // Across hosts the compressor sees this rank's shard, under a name and a
   // state slot of the shard's own (shardKey).
   const std::string shard = acrossHosts && tensorName ? shardKey(comm, tensorName) : std::string();
-  tensors[0].state = !shard.empty() ? instance->stateOf(shard) : tensorName ? instance->stateOf(tensorName) : &scratchState;
+  if (!shard.empty())
+    tensors[0].state = instance->stateOf(shard);
+  else
+    tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
 
   std::string agreement = fmt::format("{}|{}|{}|{}|{}|", name, copts, static_cast<int>(op),
                                       static_cast<int>(input.dtype), tensorName ? tensorName : "");
@@ -498,8 +501,8 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   try {
     if (acrossHosts)
       runHierarchicalCompressed(comm, sequence, *instance, input, output, op, shard.empty() ? nullptr : shard.c_str(),
-                                tensors[0].state, byRows, agreement + (byRows ? "|across hosts, rows" : "|across hosts"),
-                                stats);
+                                tensors[0].state, byRows,
+                                agreement + (byRows ? "|across hosts, rows" : "|across hosts"), stats);
     else
       runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
     noteIneffectiveCompression(comm, name, tensors, stats);
