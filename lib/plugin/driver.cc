@@ -351,10 +351,11 @@ std::string shardKey(const shoal_comm& comm, const char* tensorName) {
 // tensor, or with `byRows` (powersgd) a block of whole rows of the matrix,
 // [rows_i, shape[1], ...], a matrix again. `state` is the shard's own slot
 // (shardKey), so error feedback and warm starts follow the shard this rank
-// owns from call to call. avg divides by all n ranks once, after it. Legs 1 and 3 run under
-// the call's number; the agreement round takes the next one over the whole
-// communicator; leg 2's groups number their collectives from there, each as
-// far as its compressor's rounds go (the sketch's depend on the data), and
+// owns from call to call. avg divides by all n ranks once, after it. Legs 1
+// and 3 run under the call's number; the agreement round takes the next one
+// over the whole communicator; leg 2's groups number their collectives from
+// there, each as far as its compressor's rounds go (the sketch's depend on
+// the data, powersgd's on whether its row block is worth compressing), and
 // leg 3 then sets every rank to the largest number any group reached (every
 // host holds one rank of each group, so its largest is everyone's).
 void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
