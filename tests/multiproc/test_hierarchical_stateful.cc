@@ -179,12 +179,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalTopk, ::testing::Values("aabb", "a
 // ---- powersgd ---------------------------------------------------------------
 
 // Rank w's matrix at a step: U C_w V^T with U [rows x 2], V [cols x 2]: the
-// sum over ranks has rank <= 2, below powersgd's rank 4.
+// sum over ranks has rank <= 2, below powersgd's rank 4. (C_w is not linear in
+// w, or a middle host's sum would equal the hosts' average: a zero residual.)
 float lowRankInput(int rank, int step, size_t i, size_t j) {
   const double u0 = std::sin(0.7 * i), u1 = std::cos(0.45 * i + 1);
   const double v0 = std::cos(0.3 * j), v1 = std::sin(0.9 * j + 2);
   const double s = 1 + 0.25 * step;
-  const double c00 = s * (1 + rank), c01 = 0.5, c10 = -0.3 * rank, c11 = s * (2 - 0.2 * rank);
+  const double c00 = s * (1 + rank), c01 = 0.5, c10 = -0.3 * rank * rank, c11 = s * (2 - 0.2 * rank);
   return static_cast<float>(u0 * (c00 * v0 + c01 * v1) + u1 * (c10 * v0 + c11 * v1));
 }
 
