@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "collectives/common/context.h"
 #include "collectives/common/reducer.h"
@@ -24,6 +26,23 @@ struct PeerBlocks {
 // must not overlap (the C API stages the in-place form).
 void alltoallvPairwise(Context& context, const uint8_t* send, PeerBlocks sendBlocks, uint8_t* recv,
                        PeerBlocks recvBlocks);
+// Bruck's algorithm (alltoall/bruck.cc): ceil(log2 n) rounds for blocks of one
+// size (every bytes[p] equal; anything else is an internal error). The same
+// contract as pairwise otherwise; recv is its work buffer.
+void alltoallBruck(Context& context, const uint8_t* send, PeerBlocks sendBlocks, uint8_t* recv,
+                   PeerBlocks recvBlocks);
+
+// The alltoall algorithm table (alltoall/algos.cc), as allreduce has one.
+struct AlltoallAlgorithm {
+  const char* name;
+  const char* description;
+  void (*run)(Context& context, const uint8_t* send, PeerBlocks sendBlocks, uint8_t* recv, PeerBlocks recvBlocks);
+  bool uniformOnly;  // takes blocks of one size only (alltoall, not alltoallv)
+};
+const std::vector<AlltoallAlgorithm>& alltoallAlgorithms();
+// The algorithm for the communicator's SHOAL_ALGO value `name`: bruck where
+// it says bruck and the blocks have one size (`uniform`), else pairwise.
+const AlltoallAlgorithm& selectAlltoall(const std::string& name, bool uniform);
 
 // Binomial-tree reduce to root: recv (significant on root only) gets the
 // reduction of every rank's send, avg divided on root. send may equal recv on

@@ -23,6 +23,7 @@ const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes,
                                           size_t treeMaxBytes, size_t sharedMaxBytes) {
   // Views, and the names list only on failure: this runs on every small allreduce.
   std::string_view wanted = name;
+  if (wanted == "bruck") wanted = "auto";  // an alltoall algorithm (alltoall/algos.cc): allreduce chooses as auto does
   if ((wanted.empty() || wanted == "auto") && worldSize > 1 && bytes <= sharedMaxBytes) {
     wanted = "shm";  // one host: flags in shared memory beat any rendezvous for small messages
   } else if (wanted.empty() || wanted == "auto") {
@@ -37,7 +38,8 @@ const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes,
   std::string names;
   for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms())
     names += std::string(names.empty() ? "" : ", ") + algorithm.name;
-  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, {}", name, names);
+  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, bruck (an alltoall algorithm), {}",
+       name, names);
 }
 
 }  // namespace shoal

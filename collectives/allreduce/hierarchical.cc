@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "collectives/common/ring.h"
+
 namespace shoal {
 namespace {
 
@@ -34,16 +36,26 @@ int indexOf(const std::vector<int>& ranks, int rank) {
   return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
 }
 
+// One shard per rank of a host: whole rows of `rowElements` elements, split as
+// evenly as rows allow (with rows of one element, splitEvenly's split).
+Blocks hostShards(size_t count, size_t element, int parts, size_t segmentBytes, size_t rowElements) {
+  const uint64_t tagsPerSegment = 4 * static_cast<uint64_t>(parts);
+  if (rowElements <= 1) return splitEvenly(count, element, parts, segmentBytes, tagsPerSegment);
+  std::vector<size_t> counts(parts);
+  for (int b = 0; b < parts; ++b) counts[b] = ring::blockOf(count / rowElements, parts, b).count * rowElements;
+  return blocksFrom(counts.data(), nullptr, element, parts, segmentBytes, tagsPerSegment);
+}
+
 }  // namespace
 
 // Tags: the host legs (reduce-scatter, allgather) take at most half the
 // call's budget (4 l tags per segment), the cross-host leg the other half.
-HostLegs::HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes)
+HostLegs::HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes,
+                   size_t rowElements)
     : layout_(layout),
       host_(transport, layout.local, layout.localRank),
       across_(transport, layout.peers, indexOf(layout.peers, transport.rank())),
-      shards_(splitEvenly(count, element, static_cast<int>(layout.local.size()), segmentBytes,
-                          4 * static_cast<uint64_t>(layout.local.size()))),
+      shards_(hostShards(count, element, static_cast<int>(layout.local.size()), segmentBytes, rowElements)),
       element_(element),
       segmentBytes_(segmentBytes),
       mine_(layout.localRank) {}

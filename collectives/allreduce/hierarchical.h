@@ -17,9 +17,13 @@ namespace shoal {
 class HostLegs {
  public:
   // A buffer of `count` elements of `element` bytes, cut into one shard per
-  // rank of a host (the first count % l shards one element longer). `layout`
+  // rank of a host (the first count % l shards one element longer). With
+  // `rowElements` > 1 the buffer is rows of that many elements (count a
+  // multiple of it) and shards are whole rows, the first (count / rowElements)
+  // % l one row longer: a row block of a matrix is a matrix again. `layout`
   // must be hierarchical() and outlive the legs.
-  HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes);
+  HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes,
+           size_t rowElements = 1);
 
   // Leg 1, a ring reduce-scatter inside the host: afterwards this rank's
   // shard of `data` holds its host's reduction. `context` is over the whole
@@ -35,7 +39,7 @@ class HostLegs {
   Transport& acrossHosts() { return across_; }
   size_t shardOffset() const { return shards_.offset[mine_]; }             // bytes
   size_t shardCount() const { return shards_.bytes[mine_] / element_; }    // elements
-  // The largest shard, in elements (shards differ by at most one).
+  // The largest shard, in elements (shards differ by at most one element, or one row).
   size_t largestShardCount() const { return shards_.bytes[0] / element_; }
 
  private:

@@ -1,8 +1,8 @@
 // Pairwise-exchange alltoall(v): n-1 steps, in step k rank r sends to r+k and
 // receives from r-k. Each step moves one block each way per rank, so links see
-// no incast and the receive buffers are written once, directly. (A Bruck
-// algorithm would save latency for tiny blocks at the cost of log2(n) copies;
-// docs/collectives.md says why it is not here.)
+// no incast and the receive buffers are written once, directly. The default;
+// Bruck (bruck.cc, SHOAL_ALGO=bruck) trades n-1 messages for ceil(log2 n) and
+// local copies, for small blocks of one size.
 #include <cstring>
 
 #include "collectives/exchange.h"

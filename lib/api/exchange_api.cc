@@ -81,7 +81,7 @@ void checkRoot(const char* call, int root, int size) {
 // Alltoall(v) once arguments are checked. In place (send == recv) the send
 // side is staged in scratch slot 2 (the algorithms use 0 and 1).
 void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const Layout& send, void* recvbuf,
-                  const Layout& recv, bool closingRound) {
+                  const Layout& recv, bool closingRound, const AlltoallAlgorithm& algorithm) {
   const uint8_t* source = static_cast<const uint8_t*>(sendbuf);
   if (sendbuf == recvbuf && send.end > 0) {
     uint8_t* staged = c.scratch.get(2, send.end);
@@ -89,7 +89,7 @@ void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const L
     source = staged;
   }
   runCollective(c, sequence, [&](Context& context) {
-    alltoallvPairwise(context, source, send.blocks(), static_cast<uint8_t*>(recvbuf), recv.blocks());
+    algorithm.run(context, source, send.blocks(), static_cast<uint8_t*>(recvbuf), recv.blocks());
     if (closingRound) barrierDissemination(context);
   });
 }
@@ -134,8 +134,9 @@ SHOAL_EXPORT shoal_status_t shoal_alltoall(shoal_comm_t comm, const void* sendbu
     Layout layout = checkAlltoall(thisCall.name(), c, sendbuf, recvbuf, count, dtype);
     // Every rank receives from every other: a count that differs anywhere
     // fails some receive on every rank, no closing round needed.
-    CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, "pairwise"));
-    runAlltoallv(c, thisCall.sequence(), sendbuf, layout, recvbuf, layout, false);
+    const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, true);
+    CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, algorithm.name));
+    runAlltoallv(c, thisCall.sequence(), sendbuf, layout, recvbuf, layout, false, algorithm);
   });
 }
 
@@ -146,8 +147,9 @@ SHOAL_EXPORT shoal_status_t shoal_alltoallv(shoal_comm_t comm, const void* sendb
     shoal_comm& c = thisCall.comm();
     auto [send, recv] =
         checkAlltoallv(thisCall.name(), c, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype);
-    CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, "pairwise"));
-    runAlltoallv(c, thisCall.sequence(), sendbuf, send, recvbuf, recv, true);
+    const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, false);
+    CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, algorithm.name));
+    runAlltoallv(c, thisCall.sequence(), sendbuf, send, recvbuf, recv, true, algorithm);
   });
 }
 
@@ -450,8 +452,9 @@ SHOAL_EXPORT shoal_status_t shoal_alltoall_tensor(shoal_comm_t comm, const shoal
           layout = checkAlltoall(call, c, input->data, output->data, count, input->dtype);
         },
         [&] {
-          CallScope scope(c, signatureOf(CallKind::Alltoall, input->dtype, -1, count, -1, "pairwise"));
-          runAlltoallv(c, thisCall.sequence(), input->data, layout, output->data, layout, false);
+          const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, true);
+          CallScope scope(c, signatureOf(CallKind::Alltoall, input->dtype, -1, count, -1, algorithm.name));
+          runAlltoallv(c, thisCall.sequence(), input->data, layout, output->data, layout, false, algorithm);
         },
         [&] {
           cudaExchange(c, thisCall.sequence(), route,
@@ -483,8 +486,9 @@ SHOAL_EXPORT shoal_status_t shoal_alltoallv_tensor(shoal_comm_t comm, const shoa
           expectRoom(call, "output", *output, out, recv.end, "recvcounts and rdispls");
         },
         [&] {
-          CallScope scope(c, signatureOf(CallKind::Alltoallv, input->dtype, -1, 0, -1, "pairwise"));
-          runAlltoallv(c, thisCall.sequence(), input->data, send, output->data, recv, true);
+          const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, false);
+          CallScope scope(c, signatureOf(CallKind::Alltoallv, input->dtype, -1, 0, -1, algorithm.name));
+          runAlltoallv(c, thisCall.sequence(), input->data, send, output->data, recv, true, algorithm);
         },
         [&] {
           cudaExchange(c, thisCall.sequence(), route,

@@ -38,7 +38,9 @@ void describeCommunicator(shoal_comm& comm, const char* storeUrl) {
                  orUnset(config::getString("SHOAL_LOCAL_RANK")), orUnset(config::getString("SHOAL_LOCAL_SIZE")),
                  storeWhere(storeUrl), comm.timeoutS, comm.keyPrefix);
   const std::string spin = config::getString("SHOAL_SPIN_ROUNDS");
-  if (comm.algorithm.empty() || comm.algorithm == "auto")
+  if (comm.algorithm == "bruck")
+    SHOAL_LOG_INFO("rank {}: alltoall algorithm bruck (SHOAL_ALGO; alltoallv stays pairwise); allreduce as under auto", r);
+  if (comm.algorithm.empty() || comm.algorithm == "auto" || comm.algorithm == "bruck")
     SHOAL_LOG_INFO("rank {}: allreduce algorithm auto: {}recursive doubling up to {} bytes (SHOAL_TREE_MAX_BYTES), the "
                    "ring above; broadcast tree up to {} bytes, chain above; segment {} bytes (SHOAL_SEGMENT_BYTES); "
                    "spin rounds {}",

@@ -96,7 +96,9 @@ void inheritHosts(shoal_comm& child, const shoal_comm& parent, const std::vector
 }
 
 const AllreduceAlgorithm& chooseAllreduce(const shoal_comm& comm, size_t bytes) {
-  if ((comm.algorithm.empty() || comm.algorithm == "auto") && comm.hosts && comm.hosts->hierarchical() &&
+  // bruck names an alltoall algorithm: allreduce chooses as under auto.
+  const bool automatic = comm.algorithm.empty() || comm.algorithm == "auto" || comm.algorithm == "bruck";
+  if (automatic && comm.hosts && comm.hosts->hierarchical() &&
       bytes >= comm.hierMinBytes && bytes > comm.treeMaxBytes)
     return selectAllreduce("hierarchical", bytes, comm.size, comm.treeMaxBytes);
   return selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);

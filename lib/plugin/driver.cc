@@ -312,28 +312,63 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
   table.finish(instance.handle(), opState);
 }
 
+// powersgd views a tensor of ndim >= 2 as a matrix [shape[0], rest]: its
+// shard must be a block of whole rows, a smaller matrix with the same columns,
+// for P = M Q and Q = Mᵀ P to mean anything. It is the one built-in that
+// reads shapes; the ABI has no capability for it, so external plugins see
+// 1-D shards, as the other built-ins do.
+bool shardsByRows(const shoal_compressor_t& table, const shoal_tensor_t& tensor) {
+  return std::strcmp(table.name, "powersgd") == 0 && tensor.ndim >= 2;
+}
+
+// A matrix with fewer rows than a host has ranks has no row block for every
+// rank: it is compressed flat, over every rank. Rank 0 says so once per shape.
+void noteRowsTooFew(shoal_comm& comm, const char* compressor, const shoal_tensor_t& tensor) {
+  std::string shape;
+  for (int d = 0; d < tensor.ndim; ++d) shape += fmt::format("{}{}", d ? " x " : "", tensor.shape[d]);
+  if (comm.rank != 0 || !comm.compressors->firstTime(fmt::format("{}|rows-flat|{}", compressor, shape))) return;
+  SHOAL_LOG_INFO("compressor {}: a [{}] tensor has {} rows, fewer than the {} ranks of a host, so it has no row "
+                 "block for each of them: it is compressed flat over every rank, not across hosts only "
+                 "(docs/groups.md)",
+                 compressor, shape, tensor.shape[0], comm.hosts->local.size());
+}
+
+// The name and state slot of this rank's shard of a tensor in the
+// hierarchical compressed allreduce: "<name>#host-shard<i>/<l>" for local rank
+// i of l. The ranks compressing that shard together (one per host) have the
+// same i and l, so they name it alike (powersgd draws its first Q from the
+// name); shoal_compressor_state_save and _load take this name.
+std::string shardKey(const shoal_comm& comm, const char* tensorName) {
+  return fmt::format("{}#host-shard{}/{}", tensorName, comm.hosts->localRank, comm.hosts->local.size());
+}
+
 // The hierarchical compressed allreduce (issue 16), for ranks on h hosts with
 // l on each: a dense ring reduce-scatter inside each host (local rank i ends
 // with shard i of its host's sum), the compressor's rounds on that shard
 // among the ranks with local index i, one per host (only these bytes cross a
 // host link, and they are compressed), and a dense ring allgather inside the
-// host. The compressor sees a 1-D tensor, the shard, reduced with sum over h
-// ranks; avg divides by all n ranks once, after it. Legs 1 and 3 run under
-// the call's number; the agreement round takes the next one over the whole
-// communicator; leg 2's groups number their collectives from there, each as
-// far as its compressor's rounds go (the sketch's depend on the data), and
+// host. The compressor sees the shard, reduced with sum over h ranks: a 1-D
+// tensor, or with `byRows` (powersgd) a block of whole rows of the matrix,
+// [rows_i, shape[1], ...], a matrix again. `state` is the shard's own slot
+// (shardKey), so error feedback and warm starts follow the shard this rank
+// owns from call to call. avg divides by all n ranks once, after it. Legs 1
+// and 3 run under the call's number; the agreement round takes the next one
+// over the whole communicator; leg 2's groups number their collectives from
+// there, each as far as its compressor's rounds go (the sketch's depend on
+// the data, powersgd's on whether its row block is worth compressing), and
 // leg 3 then sets every rank to the largest number any group reached (every
 // host holds one rank of each group, so its largest is everyone's).
 void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
                                const shoal_tensor_t& input, const shoal_tensor_t& output, shoal_op_t op,
-                               const char* tensorName, void** state, const std::string& agreement,
+                               const char* tensorName, void** state, bool byRows, const std::string& agreement,
                                CompressStats& stats) {
   const size_t count = plugin::elementsCount(input);
   const size_t element = dtypeSize(input.dtype);
+  const size_t rowElements = byRows ? count / static_cast<size_t>(input.shape[0]) : 1;
   auto* data = static_cast<uint8_t*>(output.data);
   if (input.data != output.data) std::memcpy(data, input.data, count * element);
   const uint64_t sentBefore = comm.transport->bytesSent();
-  HostLegs legs(*comm.transport, *comm.hosts, count, element, comm.segmentBytes);
+  HostLegs legs(*comm.transport, *comm.hosts, count, element, comm.segmentBytes, rowElements);
   uint64_t leg3Tags = 0;  // where leg 3 starts in the call's tags
   runCollective(comm, sequence, [&](Context& context) {
     legs.reduceScatter(context, data, Reducer(input.dtype, SHOAL_SUM));
@@ -342,6 +377,11 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
 
   std::vector<shoal_compress_tensor_t> tensors(1);
   tensors[0].input = shoal_tensor_1d(data + legs.shardOffset(), legs.shardCount(), input.dtype);
+  if (byRows) {
+    tensors[0].input.ndim = input.ndim;
+    for (int d = 1; d < input.ndim; ++d) tensors[0].input.shape[d] = input.shape[d];
+    tensors[0].input.shape[0] = static_cast<int64_t>(legs.shardCount() / rowElements);
+  }
   tensors[0].output = tensors[0].input;  // in place
   tensors[0].name = tensorName;
   tensors[0].state = state;
@@ -398,13 +438,16 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   const AllreduceAlgorithm* plain =
       compress || route.cuda ? nullptr : &chooseAllreduce(comm, bytes);
   // Compressed across hosts only (runHierarchicalCompressed) where the
-  // communicator runs this size hierarchically: a stateless compressor on
-  // host tensors of at least one element per rank of a host. (A stateful one
-  // keeps per-tensor state shaped like the whole tensor, error feedback or
-  // PowerSGD's factors: it runs flat, over every rank.)
-  const bool acrossHosts = compress && !route.cuda && !(instance->table().caps & SHOAL_CAP_STATEFUL) &&
-                           comm.hosts && comm.hosts->hierarchical() && count >= comm.hosts->local.size() &&
-                           chooseAllreduce(comm, bytes).run == allreduceHierarchical;
+  // communicator runs this size hierarchically: host tensors of at least one
+  // element per rank of a host, or for row shards (powersgd's matrices) one
+  // row. Stateful compressors keep their state per (tensor, shard).
+  bool acrossHosts = compress && !route.cuda && comm.hosts && comm.hosts->hierarchical() &&
+                     chooseAllreduce(comm, bytes).run == allreduceHierarchical;
+  const bool byRows = acrossHosts && shardsByRows(instance->table(), input);
+  if (acrossHosts && (byRows ? static_cast<size_t>(input.shape[0]) : count) < comm.hosts->local.size()) {
+    acrossHosts = false;
+    if (byRows) noteRowsTooFew(comm, instance->table().name, input);
+  }
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {
@@ -443,7 +486,13 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   tensors[0].input = input;
   tensors[0].output = output;
   tensors[0].name = tensorName;
-  tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
+  // Across hosts the compressor sees this rank's shard, under a name and a
+  // state slot of the shard's own (shardKey).
+  const std::string shard = acrossHosts && tensorName ? shardKey(comm, tensorName) : std::string();
+  if (!shard.empty())
+    tensors[0].state = instance->stateOf(shard);
+  else
+    tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
 
   std::string agreement = fmt::format("{}|{}|{}|{}|{}|", name, copts, static_cast<int>(op),
                                       static_cast<int>(input.dtype), tensorName ? tensorName : "");
@@ -452,8 +501,9 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   stats.compressor = name;
   try {
     if (acrossHosts)
-      runHierarchicalCompressed(comm, sequence, *instance, input, output, op, tensorName, tensors[0].state,
-                                agreement + "|across hosts", stats);
+      runHierarchicalCompressed(comm, sequence, *instance, input, output, op, shard.empty() ? nullptr : shard.c_str(),
+                                tensors[0].state, byRows,
+                                agreement + (byRows ? "|across hosts, rows" : "|across hosts"), stats);
     else
       runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
     noteIneffectiveCompression(comm, name, tensors, stats);

@@ -329,6 +329,12 @@ Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data,
   result.tag = tag;
   if (UCS_PTR_IS_ERR(request)) {
     result.done = true;
+    // A peer that gave up (say, it saw a mismatch) and closed can make the
+    // send fail before its abort notice, which says why, is read: wait a
+    // moment for it, as waitAll does.
+    if (!peerAborted_)
+      if (std::optional<Error> notice = awaitAbortNotice(0.2))
+        failWith(nullptr, 0, notice->status(), notice->what(), false);
     failWith(nullptr, 0, SHOAL_ERR_REMOTE,
              fmt::format("rank {}: sending {} bytes to rank {} failed: {}", rank_, bytes, peer,
                          ucs_status_string(UCS_PTR_STATUS(request))),
