@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <pthread.h>
+
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
@@ -358,6 +360,9 @@ void Engine::stopWith(shoal_status_t status, const std::string& text) {
 }
 
 void Engine::loop() {
+  // Named, so that top -H, perf and /proc/<pid>/task/<tid>/comm tell the engine apart from the
+  // user's threads (bench/train/step_profile.py reads its CPU by this name).
+  pthread_setname_np(pthread_self(), "shoal-engine");
   try {
     for (;;) {
       awaitNextRound();
