@@ -19,8 +19,9 @@ medians over the steps (wall clock, ms) and means (CPU, ms):
   update      optimizer.step() less synchronize(): the optimizer's own update
 
   cpu_main    CPU of the Python thread over the step (/proc/self/task/<tid>/schedstat, ns)
-  cpu_other   CPU of every other thread of the process (shoal's engine thread, UCX, torch's)
-  ctx         voluntary / involuntary context switches per step, Python thread and the others
+  cpu_engine  CPU of shoal's engine thread (the thread named shoal-engine)
+  cpu_other   CPU of every other thread of the process (UCX's, torch's)
+  ctx         voluntary / involuntary context switches per step of each of the three
 
   rounds, collectives, tensors, full rounds per step: shoal.async_stats() over the same steps
   neg_us      the engine's time in negotiation rounds per step (async_stats' negotiation_us)
@@ -198,11 +199,11 @@ def finish(self, model, final_metric):
     per = {k: (end[k] - start[k]) / n for k in end}
     line = ("rank %d profile: steps=%d step=%.2f/%.2f forward=%.2f/%.2f backward=%.2f/%.2f hooks=%.2f/%.2f(x%.1f) "
             "sync=%.2f/%.2f wait=%.2f/%.2f update=%.2f/%.2f cpu_main=%.2f cpu_engine=%.2f cpu_other=%.2f "
-            "ctx_main=%.1f/%.1f ctx_engine=%.1f/%.1f ctx_other=%.1f/%.1f rounds=%.2f full_rounds=%.2f collectives=%.2f tensors=%.2f "
-            "neg_us=%.0f (wall median/cpu mean, ms per step)" % (
+            "ctx_main=%.1f/%.1f ctx_engine=%.1f/%.1f ctx_other=%.1f/%.1f rounds=%.2f full_rounds=%.2f "
+            "collectives=%.2f tensors=%.2f neg_us=%.0f (wall median/cpu mean, ms per step)" % (
                 self.dist.rank, len(kept), wall("step"), cpu("step"), forward_w, forward_c, wall("backward"),
                 cpu("backward"), wall("hooks"), cpu("hooks"), hooks_n, wall("sync"), cpu("sync"), wall("wait"),
-                cpu("wait"), update_w, update_c, cpu_main, cpu_engine, cpu_other, ctx[0], ctx[1], ctx[2], ctx[3], ctx[4], ctx[5],
+                cpu("wait"), update_w, update_c, cpu_main, cpu_engine, cpu_other, *ctx,
                 per["cycles"], per["full_rounds"], per["groups"], per["tensors"], per["negotiation_us"]))
     print(line, flush=True)
     return _finish(self, model, final_metric)
