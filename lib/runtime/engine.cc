@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
@@ -28,6 +33,9 @@ constexpr double kBlockingProbeS = 0.1;
 // The longest an engine with nothing pending sleeps between looks for a
 // peer's round (awaitNextRound).
 constexpr double kIdleLookMaxS = 0.01;
+// The longest an engine sleeps on the transport's events before it looks at
+// its peers (liveness, an abort notice) as a transport wait does.
+constexpr double kEventSleepMaxS = 0.05;
 
 Clock::duration durationOf(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -162,6 +170,14 @@ void EngineRelease::operator()(Engine* engine) const { delete engine; }
 Engine::~Engine() {
   LiveEngines::get().remove(this);
   shutdown();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+}
+
+void Engine::wakeUp() {
+  if (wakeFd_ < 0) return;
+  const uint64_t one = 1;
+  // Nonblocking: a full counter (never, in practice) already means "awake".
+  [[maybe_unused]] ssize_t written = ::write(wakeFd_, &one, sizeof one);
 }
 
 double Engine::timeoutS() const { return comm_.timeoutS; }
@@ -229,6 +245,7 @@ void Engine::ensureStarted(const char* call) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = State::Running;
+    wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);  // -1: awaitNextRound keeps to its condition variable
     thread_ = std::thread([this] { loop(); });
     engineThread_ = thread_.get_id();
   }
@@ -259,6 +276,7 @@ void Engine::submit(const std::shared_ptr<Request>& request, const char* call) {
     incoming_.push_back(request);
   }
   wake_.notify_one();  // wakes an engine that waits for a reason to negotiate
+  wakeUp();            // ... or sleeps on the transport's events (awaitNextRound)
 }
 
 void Engine::runBlocking(const char* call, const std::function<void()>& body) {
@@ -315,6 +333,7 @@ void Engine::shutdown() {
     shutdownRequested_ = true;
   }
   wake_.notify_all();
+  wakeUp();
   // shoal_comm_finalize, shoal_comm_destroy and exit may all stop the engine.
   std::lock_guard<std::mutex> join(joinMutex_);
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
@@ -358,6 +377,9 @@ void Engine::stopWith(shoal_status_t status, const std::string& text) {
 }
 
 void Engine::loop() {
+  // Named, so that top -H, perf and /proc/<pid>/task/<tid>/comm tell the engine apart from the
+  // user's threads (bench/train/step_profile.py reads its CPU by this name).
+  pthread_setname_np(pthread_self(), "shoal-engine");
   try {
     for (;;) {
       awaitNextRound();
@@ -399,6 +421,19 @@ void Engine::awaitNextRound() {
       if (shutdownRequested_) return;
       news = !incoming_.empty();
       if (news && now >= batchEnd) return;
+      if (!news) {
+        // With every peer on another host: sleep until one of them sends (the
+        // round it began), a submission or shutdown, or the probe is due, and at
+        // least every kEventSleepMaxS to look at the peers as a wait does. No
+        // looks every quarter cycle (a wake-up and a UCX progress call each:
+        // 34-60 per training step, docs/training.md), and no look's delay.
+        lock.unlock();
+        if (sleepOnPeerEvents(std::min(probeAt, now + durationOf(kEventSleepMaxS)), nextCall)) {
+          if (peerStarted_) return;
+          continue;
+        }
+        lock.lock();  // the transport cannot tell: look as below
+      }
       // How often to look for a peer's round. Four times per cycle while this
       // rank waits for its peers: a peer's submission then is on the critical
       // path. With nothing pending here, from once per cycle, doubling after
@@ -427,6 +462,30 @@ void Engine::awaitNextRound() {
     }
     idleLookS *= 2;
   }
+}
+
+bool Engine::sleepOnPeerEvents(Clock::time_point until, uint64_t nextCall) {
+  if (wakeFd_ < 0) return false;
+  const int fd = comm_.transport->armPeerEvents();  // the engine thread owns the transport
+  if (fd == -1) return false;
+  {
+    std::lock_guard<std::mutex> lock(statsMutex_);
+    ++stats_.peerChecks;
+  }
+  // A message that came before the arming waits in the unexpected queue already.
+  if (comm_.transport->peerStartedCall(nextCall)) {
+    peerStarted_ = true;
+    return true;
+  }
+  if (fd == -2) return true;  // events were pending (progressed just now): arm again
+  const auto leftMs = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+  if (leftMs > 0) {
+    pollfd descriptors[2] = {{fd, POLLIN, 0}, {wakeFd_, POLLIN, 0}};
+    ::poll(descriptors, 2, static_cast<int>(std::min<long long>(leftMs, 1000)));
+  }
+  uint64_t count = 0;
+  [[maybe_unused]] ssize_t drained = ::read(wakeFd_, &count, sizeof count);  // nonblocking: empty is fine
+  return true;
 }
 
 // A request pending this long is stalled or waits for a late rank: a full

@@ -97,6 +97,10 @@ class Engine {
   // Returns once this rank has a reason for the next round (a submission, a
   // shutdown, a stall probe due), or a peer has started it.
   void awaitNextRound();
+  // Sleeps on the transport's events and wakeFd_ until a peer's message, a
+  // submission or shutdown, or `until`; false when the transport cannot tell.
+  bool sleepOnPeerEvents(Clock::time_point until, uint64_t nextCall);
+  void wakeUp();                                   // any thread: ends sleepOnPeerEvents
   // When this rank's oldest pending request makes it probe for stalls (a
   // full round); time_point::max() with nothing pending.
   Clock::time_point probeDueAt() const;
@@ -124,6 +128,7 @@ class Engine {
   std::thread thread_;
   std::mutex joinMutex_;  // one joiner at a time
   std::atomic<std::thread::id> engineThread_{};
+  int wakeFd_ = -1;  // an eventfd: submissions and shutdown write it (set before the thread starts)
 
   // Engine thread only.
   std::vector<std::shared_ptr<Request>> pending_;  // submission order

@@ -128,6 +128,14 @@ class Transport {
     (void)tag;
     return true;
   }
+  // For a caller that would otherwise poll peerStartedCall: a file
+  // descriptor that becomes readable when anything arrives from a peer,
+  // armed by this call. Then look with peerStartedCall once more (a message
+  // may have come before the arming) and poll(2) the descriptor. -1 when
+  // the backend cannot tell (or some peer is on this host, whose shared
+  // memory raises no event): keep polling. -2 when events are pending
+  // already: look now.
+  virtual int armPeerEvents() { return -1; }
 };
 
 struct TransportOptions {

@@ -63,6 +63,21 @@ echo "survivor exit status $status after ${elapsed}s"
 [ "$status" -eq 3 ] || { echo "FAIL: the survivor should report an error (exit 3)"; fail=1; }
 [ "$elapsed" -lt 15 ] || { echo "FAIL: took ${elapsed}s, more than 15"; fail=1; }
 
+echo "== the async runtime across the hosts (its engines sleep on the transport's events between rounds)"
+if [[ -x "$bin/shoal-runtime-bench" ]]; then
+  # Every rank submits 161 tensors in its own shuffled order each step: a wake-up the engine
+  # missed (a peer's round, a submission) would hang it until run.sh's timeout.
+  if "${launch[@]}" "$bin/shoal-runtime-bench" --shrink 16 --steps 10 --warmup 2 > "$tmp/runtime.out" 2>&1; then
+    row=$(grep '^| [0-9]' "$tmp/runtime.out" | tail -1)
+    idle_rounds=$(echo "$row" | awk -F'|' '{gsub(/ /, "", $9); print $9}')
+    [[ "$idle_rounds" == 0 ]] || { echo "FAIL: an idle runtime across the hosts ran rounds: $row"; fail=1; }
+  else
+    echo "FAIL: shoal-runtime-bench across the hosts: $(tail -3 "$tmp/runtime.out")"; fail=1
+  fi
+else
+  echo "(shoal-runtime-bench not built: SHOAL_BUILD_BENCH=OFF; step skipped)"
+fi
+
 echo "== cluster.sh touches only what it made"
 ip netns add "${name}x-h2" || { echo "FAIL: ip netns add"; fail=1; }
 if "$netns/cluster.sh" up 2 --rate 1gbit --name "${name}x" 2>"$tmp/refuse.err"; then

@@ -214,6 +214,32 @@ def test_async_requests_keep_arrays_alive_and_negotiate_order():
         assert stats["tensors"] >= 6 and stats["cycles"] >= 1
 
 
+def test_prepared_inplace_allreduce_is_iallreduce_described_once():
+    """Communicator.prepare_iallreduce/submit_prepared (DistributedOptimizer's per-step path):
+    the same results as iallreduce step after step, and a tensor that no longer fits is refused."""
+    def body(comm):
+        x = np.zeros(6, np.float32)
+        plan = comm.prepare_iallreduce(x, "prepared", op="sum")
+        results = []
+        for step in range(3):
+            x[:] = comm.rank + 1 + step
+            request = comm.submit_prepared(plan, x)
+            assert request.wait(timeout_s=10) is x
+            results.append(x.copy())
+        assert plan.matches(x) and not plan.matches(x[1:]) and not plan.matches(x.astype(np.float64))
+        with pytest.raises(ValueError, match="prepare it again"):
+            comm.submit_prepared(plan, np.zeros(6, np.float32))
+        y = np.arange(4, dtype=np.float32) + comm.rank
+        with_compressor = comm.prepare_iallreduce(y, "prepared.fp16", op="avg", compressor="fp16")
+        comm.submit_prepared(with_compressor, y).wait(timeout_s=10)
+        return results, y
+
+    for results, y in run_threads(2, body):
+        for step, value in enumerate(results):
+            assert np.array_equal(value, np.full(6, 3 + 2 * step, np.float32))
+        assert np.array_equal(y, np.arange(4, dtype=np.float32) + 0.5)
+
+
 def test_async_mismatch_is_an_error_on_every_rank():
     def body(comm):
         dtype = np.float32 if comm.rank == 0 else np.float64

@@ -8,6 +8,8 @@ import ctypes
 import os
 import threading
 
+import numpy as np
+
 from . import _buffers as B
 from . import _types as T
 from ._lib import lib
@@ -176,6 +178,39 @@ def wait_all(requests, timeout_s=None):
             # No request failed: the deadline passed with some still pending (they stay pending).
             raise failed[0] if failed else ShoalError(status, text)
     return [r._outcome() for r in requests]
+
+
+class PreparedAllreduce:
+    """An in-place named allreduce, described once (Communicator.prepare_iallreduce)."""
+    __slots__ = ("comm", "name", "cname", "code", "buffer", "strings", "options", "tensor_ref", "options_ref",
+                 "address", "shape", "dtype")
+
+    def __init__(self, comm, x, name, code, compressor, compressor_options, compress_min_bytes):
+        self.comm = comm
+        self.name = name
+        self.cname = _cstr(name, "name")
+        self.code = code
+        self.buffer = B.describe(x, "x", writable=True)
+        self.strings = [_cstr(compressor, "compressor"),
+                        _cstr(_options_string(compressor_options), "compressor_options")]
+        self.options = T.new(T.AsyncOptions, compressor=self.strings[0], compressor_options=self.strings[1],
+                             compress_min_bytes=-1 if compress_min_bytes is None else int(compress_min_bytes))
+        self.tensor_ref = ctypes.byref(self.buffer.tensor)
+        self.options_ref = ctypes.byref(self.options)
+        self.address = self.buffer.address or 0
+        self.shape = self.buffer.shape
+        self.dtype = getattr(x, "dtype", None)
+        self.buffer.array = None  # the plan must not keep the tensor alive; each Request keeps its own
+
+    def matches(self, x):
+        """Whether x is the memory, dtype and shape this plan describes (a torch tensor or numpy array)."""
+        if B.is_torch(x):
+            return (x.data_ptr() == self.address and x.dtype == self.dtype and tuple(x.shape) == self.shape
+                    and x.is_contiguous() and x.device.type == "cpu" and not x.is_sparse)
+        if isinstance(x, np.ndarray):
+            return (x.__array_interface__["data"][0] == self.address and x.dtype == self.dtype
+                    and x.shape == self.shape and x.flags.c_contiguous and x.flags.writeable)
+        return False
 
 
 def _env_int(*names):
@@ -470,6 +505,27 @@ class Communicator:
         self._check(lib.shoal_iallreduce(self.handle, cname, ctypes.byref(src.tensor), ctypes.byref(dst.tensor),
                                          code, ctypes.byref(options), ctypes.byref(handle)))
         return Request(handle, (src, dst, strings, cname), array, finish, name)
+
+    def prepare_iallreduce(self, x, name, op="sum", compressor=None, compressor_options=None,
+                           compress_min_bytes=None):
+        """Describes an in-place named allreduce of x once, for submit_prepared() to submit many times.
+
+        A training step allreduces the same gradient buffers under the same names every step:
+        describing the tensor, encoding the name and the options again each time is most of the
+        binding's cost per submission. The plan holds x's address, dtype and shape as they are
+        now; matches() says whether a tensor still fits it (same memory, dtype and shape)."""
+        return PreparedAllreduce(self, x, name, parse_op(op), compressor, compressor_options, compress_min_bytes)
+
+    def submit_prepared(self, plan, tensor):
+        """Submits plan's allreduce of tensor (in place; tensor must match the plan); returns a Request."""
+        if plan.comm is not self or not plan.matches(tensor):
+            raise ValueError("shoal: submit_prepared: the tensor no longer matches the plan for '%s' (its memory, "
+                             "dtype or shape changed, or the plan is another communicator's): prepare it again"
+                             % plan.name)
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_iallreduce(self.handle, plan.cname, plan.tensor_ref, plan.tensor_ref, plan.code,
+                                         plan.options_ref, ctypes.byref(handle)))
+        return Request(handle, (plan, tensor), tensor, None, plan.name)
 
     def iallgather(self, x, name, out=None):
         cname = _cstr(name, "name")

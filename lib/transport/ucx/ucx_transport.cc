@@ -105,6 +105,17 @@ class UcxTransport final : public Transport {
   void checkForMessagesOf(uint64_t tag) override;
 
   bool peerStartedCall(uint64_t tag) override;
+  int armPeerEvents() override {
+    checkUsable();
+    // Only when every peer is on another host: same-host peers' shared
+    // memory raises no event (the waits treat them so too).
+    if (eventFd_ < 0) return -1;
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_ && !remotePeer_[peer]) return -1;
+    const ucs_status_t status = ucp_worker_arm(worker_);
+    if (status == UCS_ERR_BUSY) return -2;
+    return status == UCS_OK ? eventFd_ : -1;
+  }
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
   void cancelPending(Request* requests, size_t count);

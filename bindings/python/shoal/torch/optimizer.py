@@ -52,6 +52,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requests = {}      # parameter (or group tuple) -> [Request] in flight
         self._grad_accs = []
         self._requires_update = set()
+        self._plans = {}         # parameter -> its gradient's prepared allreduce (shoal.PreparedAllreduce)
         self._synchronized = False
         self._should_synchronize = True
         self._p_to_group = {}
@@ -125,10 +126,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             prescale, postscale = 1.0, 1.0
         _scale(grad, prescale)
-        compressor, options = self._compression.shoal_compressor(grad)
+        # The gradient keeps its buffer from step to step (zero_grad zeroes it in place), so its
+        # description, name and compressor are prepared once and reused while they still fit.
+        comm = shoal.communicator()
+        plan = self._plans.get(p)
         try:
-            request = shoal.communicator().iallreduce(grad, self._parameter_names[p], out=grad, op=_OPS[self.op],
-                                                      compressor=compressor, compressor_options=options)
+            if plan is None or plan.comm is not comm or not plan.matches(grad):
+                compressor, options = self._compression.shoal_compressor(grad)
+                plan = comm.prepare_iallreduce(grad, self._parameter_names[p], op=_OPS[self.op],
+                                               compressor=compressor, compressor_options=options)
+                self._plans[p] = plan
+            request = comm.submit_prepared(plan, grad)
         except ShoalError as error:
             _raise(error)
         return request, postscale
