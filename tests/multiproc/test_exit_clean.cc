@@ -90,7 +90,8 @@ Outcome launch(int ranks, const std::string& mode) {
                                 {{kModeVariable, mode}, {"SHOAL_TIMEOUT_S", "20"}}};
   shoal::test::ForkedRank ended = shoal::test::runProgram(shoalrun, 60, SIGTERM);
   Outcome outcome{ended.exitCode, ended.errors};
-  if (ended.exitCode == shoal::test::kKilledAtDeadline) outcome.err = "shoalrun did not finish within 60 s\n" + outcome.err;
+  if (ended.exitCode == shoal::test::kKilledAtDeadline)
+    outcome.err = "shoalrun did not finish within 60 s\n" + outcome.err;
   return outcome;
 }
 
