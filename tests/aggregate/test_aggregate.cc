@@ -9,7 +9,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -36,47 +35,44 @@ using shoal::test::RankOptions;
 using shoal::test::runRanks;
 using Seconds = std::chrono::duration<double>;
 
-// One shoal-aggd process on 127.0.0.1 at a port of its choosing.
+// One shoal-aggd process on 127.0.0.1 at a port of its choosing, which it
+// prints on its first line of stdout.
 class Daemon {
  public:
-  explicit Daemon(std::vector<std::string> args = {}, const char* token = "aggregate-test-token") {
-    int out[2];
-    if (pipe(out) != 0) throw std::runtime_error("pipe");
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      setenv("SHOAL_TOKEN", token, 1);
-      std::string binary = std::string(SHOAL_BIN_DIR) + "/shoal-aggd";
-      std::vector<char*> argv = {binary.data(), const_cast<char*>("--listen"), const_cast<char*>("127.0.0.1:0")};
-      for (std::string& arg : args) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      std::perror("execv shoal-aggd");
-      _exit(127);
+  explicit Daemon(std::vector<std::string> args = {}, const char* token = "aggregate-test-token")
+      : job_("aggd", separateStderr()) {
+    std::vector<std::string> argv = {"--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const shoal::test::Program aggd{std::string(SHOAL_BIN_DIR) + "/shoal-aggd", argv, {}, {{"SHOAL_TOKEN", token}}};
+    job_.start(1, [&](int) { return shoal::test::execProgram(aggd); });
+    std::string line;
+    for (auto start = std::chrono::steady_clock::now();
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10);) {
+      line = job_.outputSoFar(0);
+      if (line.find('\n') != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    close(out[1]);
-    FILE* in = fdopen(out[0], "r");
-    char line[256] = {};
-    if (std::fgets(line, sizeof line, in) == nullptr) ADD_FAILURE() << "shoal-aggd printed no listening line";
-    std::fclose(in);
-    const char* colon = std::strrchr(line, ':');
-    port_ = colon ? std::atoi(colon + 1) : 0;
-    EXPECT_GT(port_, 0) << line;
+    line = line.substr(0, line.find('\n'));
+    const size_t colon = line.rfind(':');
+    port_ = colon == std::string::npos ? 0 : std::atoi(line.c_str() + colon + 1);
+    EXPECT_GT(port_, 0) << "shoal-aggd printed no listening line within 10 s: '" << line << "'\n"
+                        << shoal::test::readWholeFile(job_.errorPath(0));
   }
-  ~Daemon() { kill(); }
   void kill() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
+    if (job_.ranks()[0].pid > 0) ::kill(job_.ranks()[0].pid, SIGKILL);
+    job_.finish(10);
   }
   std::string url() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
 
  private:
-  pid_t pid_ = -1;
+  static shoal::test::JobOptions separateStderr() {
+    shoal::test::JobOptions options;
+    options.separateStderr = true;  // its log lines must not come before the listening line
+    return options;
+  }
+
+  shoal::test::ForkedJob job_;  // kills it at the end, if kill() did not
   int port_ = 0;
 };
 

@@ -1,4 +1,5 @@
-// Small helpers for the GPU tests: device presence, device buffers, copies.
+// Small helpers for the GPU tests: device presence, device buffers, copies,
+// and CUDA device memory for CompressorRounds (tests/harness/compressor_rounds.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "gpu/cuda/device.h"
+#include "harness/compressor_rounds.h"
 
 namespace shoal::test {
 
@@ -47,5 +49,27 @@ std::vector<T> download(const void* device, size_t count) {
 }
 
 inline void deviceSync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError()); }
+
+// CompressorRounds' tensors in device memory on `stream`. A copy waits for the
+// whole device before and after (cudaMemcpyDefault: either side may be the host),
+// so a compressor's work on its own stream never races the collectives' copies.
+inline TensorMemory deviceMemory(cudaStream_t stream = nullptr) {
+  TensorMemory memory;
+  memory.kind = SHOAL_MEMORY_CUDA;
+  memory.device = 0;
+  memory.stream = stream;
+  memory.allocate = [](size_t bytes) {
+    void* data = nullptr;
+    EXPECT_EQ(cudaMalloc(&data, bytes), cudaSuccess) << "cudaMalloc of " << bytes << " bytes";
+    return data;
+  };
+  memory.release = [](void* data) { cudaFree(data); };
+  memory.copy = [](void* to, const void* from, size_t bytes) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    EXPECT_EQ(cudaMemcpy(to, from, bytes, cudaMemcpyDefault), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  return memory;
+}
 
 }  // namespace shoal::test

@@ -3,7 +3,7 @@
 // to inf, millions of random patterns; f32 and f64 inputs; aligned and
 // misaligned pointers), against the CPU compressor's array converter (the same
 // bits except NaN payloads), and the compressor table driven with CUDA
-// tensors against the same calls on host tensors.
+// tensors against the same calls on host tensors (tests/harness/compressor_rounds.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +23,7 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::DeviceBytes;
 using shoal::test::download;
 using shoal::test::upload;
@@ -133,12 +134,13 @@ TEST_F(CudaCast, DecodeIsExactForEveryPattern) {
 
 // ---- the compressor table with CUDA tensors ------------------------------------------
 
-// One allreduce of `inputs` (one f32 tensor per rank, n = inputs.size()) through
-// the table by hand, the payload summed here like the driver's allreduce
-// (element_ops: widen, add, round once per hop in rank order). On the device
-// when `onDevice`. Returns every rank's output.
-std::vector<std::vector<float>> allreduceByHand(const char* name, const std::vector<std::vector<float>>& inputs,
-                                                shoal_op_t op, bool onDevice) {
+// One allreduce of `inputs` (one f32 tensor per rank, n = inputs.size())
+// through the table, ranks simulated by CompressorRounds (the payload summed
+// with shoal's Reducer, as the driver's allreduce: widen, add, round once per
+// hop in rank order). On the device when `onDevice`, where the payload must
+// live too. Returns every rank's output.
+std::vector<std::vector<float>> allreduceThroughTable(const char* name, const std::vector<std::vector<float>>& inputs,
+                                                      shoal_op_t op, bool onDevice) {
   const shoal_compressor_t* table = nullptr;
   EXPECT_EQ(shoal_compressor_lookup(name, &table), SHOAL_OK);
   EXPECT_NE(table->caps & SHOAL_CAP_CUDA, 0u) << name << " should declare SHOAL_CAP_CUDA in the CUDA build";
@@ -147,86 +149,26 @@ std::vector<std::vector<float>> allreduceByHand(const char* name, const std::vec
   const bool half = std::string(name) == "fp16";
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  struct Rank {
-    void* instance = nullptr;
-    void* opState = nullptr;
-    std::unique_ptr<DeviceBytes> deviceIn, deviceOut;
-    std::vector<float> hostOut;
-    shoal_compress_tensor_t tensor{};
-    shoal_compress_op_t op{};
-    shoal_round_t round{};
-    char error[512] = {};
-  };
-  std::vector<Rank> ranks(n);
-  std::vector<uint16_t> sum(count);
-  for (int r = 0; r < n; ++r) {
-    Rank& rank = ranks[r];
-    shoal_compressor_params_t params{};
-    params.struct_size = sizeof params;
-    params.error_text = rank.error;
-    params.error_text_size = sizeof rank.error;
-    EXPECT_EQ(table->create(&params, &rank.instance), SHOAL_OK) << rank.error;
-    rank.hostOut.assign(count, -7.0f);
-    void* in = const_cast<float*>(inputs[r].data());
-    void* out = rank.hostOut.data();
-    if (onDevice) {
-      rank.deviceIn = std::make_unique<DeviceBytes>(count * 4);
-      rank.deviceOut = std::make_unique<DeviceBytes>(count * 4);
-      upload(rank.deviceIn->get(), in, count * 4);
-      in = rank.deviceIn->get();
-      out = rank.deviceOut->get();
-    }
-    rank.tensor.input = shoal_tensor_1d(in, count, SHOAL_F32);
-    rank.tensor.output = shoal_tensor_1d(out, count, SHOAL_F32);
-    if (onDevice)
-      for (shoal_tensor_t* t : {&rank.tensor.input, &rank.tensor.output}) {
-        t->memory = SHOAL_MEMORY_CUDA;
-        t->device = 0;
-        t->stream = stream;
-      }
-    rank.op.struct_size = sizeof rank.op;
-    rank.op.rank = r;
-    rank.op.world_size = n;
-    rank.op.op = op;
-    rank.op.num_tensors = 1;
-    rank.op.tensors = &rank.tensor;
-    rank.op.error_text = rank.error;
-    rank.op.error_text_size = sizeof rank.error;
-    EXPECT_EQ(table->start(rank.instance, &rank.op, &rank.opState), SHOAL_OK) << rank.error;
-    rank.round.struct_size = sizeof rank.round;
-    EXPECT_EQ(table->round(rank.instance, rank.opState, &rank.op, &rank.round), SHOAL_OK) << rank.error;
-    EXPECT_EQ(rank.round.num_payloads, 1);
-    const shoal_payload_t& payload = rank.round.payloads[0];
-    EXPECT_EQ(payload.count, count);
-    EXPECT_EQ(payload.dtype, half ? SHOAL_F16 : SHOAL_BF16);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaPointerAttributes attributes{};
-    EXPECT_EQ(cudaPointerGetAttributes(&attributes, payload.buffer), cudaSuccess);
-    EXPECT_EQ(attributes.type == cudaMemoryTypeDevice, onDevice) << "the payload lives where the tensors do";
-    std::vector<uint16_t> encoded = download<uint16_t>(payload.buffer, count);
-    for (size_t i = 0; i < count; ++i) {
-      if (r == 0) {
-        sum[i] = encoded[i];
-      } else if (half) {
-        shoal::ops::combineElement(reinterpret_cast<shoal::ops::Half*>(sum.data()),
-                                   reinterpret_cast<const shoal::ops::Half*>(encoded.data()), i, shoal::ops::Sum{});
-      } else {
-        shoal::ops::combineElement(reinterpret_cast<shoal::ops::BFloat16*>(sum.data()),
-                                   reinterpret_cast<const shoal::ops::BFloat16*>(encoded.data()), i, shoal::ops::Sum{});
-      }
-    }
-  }
   std::vector<std::vector<float>> outputs(n);
-  for (int r = 0; r < n; ++r) {
-    Rank& rank = ranks[r];
-    upload(rank.round.payloads[0].buffer, sum.data(), count * 2);
-    rank.round.index = 1;
-    EXPECT_EQ(table->round(rank.instance, rank.opState, &rank.op, &rank.round), SHOAL_OK) << rank.error;
-    EXPECT_EQ(rank.round.done, 1);
-    table->finish(rank.instance, rank.opState);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    outputs[r] = onDevice ? download<float>(rank.deviceOut->get(), count) : rank.hostOut;
-    table->destroy(rank.instance);
+  {
+    CompressorRounds rounds(table, n);
+    EXPECT_EQ(rounds.create({}), SHOAL_OK) << rounds.error(rounds.failedRank());
+    if (onDevice) rounds.placeTensors(shoal::test::deviceMemory(stream));
+    rounds.observe([&](int, const shoal_round_t& round) {
+      if (round.done) return;
+      EXPECT_EQ(round.num_payloads, 1);
+      const shoal_payload_t& payload = round.payloads[0];
+      EXPECT_EQ(payload.count, count);
+      EXPECT_EQ(payload.dtype, half ? SHOAL_F16 : SHOAL_BF16);
+      cudaPointerAttributes attributes{};
+      EXPECT_EQ(cudaPointerGetAttributes(&attributes, payload.buffer), cudaSuccess);
+      EXPECT_EQ(attributes.type == cudaMemoryTypeDevice, onDevice) << "the payload lives where the tensors do";
+    });
+    auto fill = [&](int r, int, void* data) { std::memcpy(data, inputs[r].data(), count * 4); };
+    const shoal_status_t status = rounds.allreduce({{SHOAL_F32, {int64_t(count)}, ""}}, op, 0, fill);
+    EXPECT_EQ(status, SHOAL_OK) << rounds.error(rounds.failedRank());
+    EXPECT_EQ(rounds.rounds(), 1) << "one payload round, then done";
+    for (int r = 0; r < n; ++r) outputs[r] = rounds.outputAs<float>(r, 0);
   }
   cudaStreamDestroy(stream);
   return outputs;
@@ -242,8 +184,8 @@ TEST_F(CudaCast, CompressorOnCudaTensorsMatchesHostTensors) {
         for (float& x : input) x = normal(random);
       inputs[0][0] = std::numeric_limits<float>::quiet_NaN();
       if (count > 2) inputs[1][2] = 70000.0f;  // fp16 overflow
-      auto host = allreduceByHand(name, inputs, SHOAL_SUM, false);
-      auto device = allreduceByHand(name, inputs, SHOAL_SUM, true);
+      auto host = allreduceThroughTable(name, inputs, SHOAL_SUM, false);
+      auto device = allreduceThroughTable(name, inputs, SHOAL_SUM, true);
       for (int r = 0; r < 3; ++r)
         ASSERT_EQ(std::memcmp(host[r].data(), device[r].data(), count * 4), 0) << name << " count " << count;
     }

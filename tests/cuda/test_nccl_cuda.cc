@@ -18,6 +18,7 @@
 #include "bootstrap/store.h"
 #include "collectives/common/reducer.h"
 #include "gpu/cuda/device.h"
+#include "harness/cuda_routing.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
 #include "plugin/registry.h"
@@ -27,6 +28,7 @@
 namespace {
 
 using shoal::test::callOk;
+using shoal::test::cudaTensor;
 using shoal::test::runRanks;
 using Clock = std::chrono::steady_clock;
 
@@ -52,14 +54,6 @@ struct DeviceCopy {
     return host;
   }
 };
-
-shoal_tensor_t cudaTensor(void* data, size_t count, shoal_dtype_t dtype, int device, void* stream = nullptr) {
-  shoal_tensor_t tensor = shoal_tensor_1d(data, count, dtype);
-  tensor.memory = SHOAL_MEMORY_CUDA;
-  tensor.device = device;
-  tensor.stream = stream;
-  return tensor;
-}
 
 // -2, -1, 0, 1, 2 as f16 and bf16 bits.
 const uint16_t kHalf[] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000};

@@ -3,29 +3,35 @@
 // (tests/unit/test_powersgd.cc, test_lowrank_plan.cc) cover the same math.
 //  - the first Q drawn on the device equals the CPU's uniformAt bits exactly;
 //  - the compressor table driven with CUDA tensors and with host tensors (2
-//    ranks simulated in one thread, payloads summed on the host in the same
-//    order) gives the same payloads (P, Q), outputs, error vectors and warm-
-//    start Q up to rounding (GEMMs and dot products sum in another order),
+//    ranks simulated in one thread by tests/harness/compressor_rounds.h,
+//    payloads summed on the host in the same order) gives the same payloads
+//    (P, Q), outputs, error vectors and warm-start Q up to rounding (GEMMs
+//    and dot products sum in another order),
 //    in f32 and bf16, over 3 steps; with ef=0 zero gradients give zeros;
 //  - a CUDA plan's split phases match a host plan's up to rounding, and its
 //    state saves and loads through the host format.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/numeric/element_ops.h"
 #include "compressors/powersgd/powersgd_cuda.h"
 #include "compressors/powersgd/powersgd_math.h"
+#include "cuda_test_util.h"
 #include "gpu/cuda/device.h"
 #include "shoal/compressor.h"
 #include "shoal/lowrank.h"
 #include "shoal/shoal.h"
 
 namespace {
+
+using shoal::test::CompressorRounds;
 
 bool noDevice(std::string* why) { return shoal::cuda::deviceCount(why) == 0; }
 
@@ -58,35 +64,6 @@ struct Tensor {
   int ndim;
 };
 
-// One rank's side of the table: host or device tensors.
-struct Side {
-  void* instance = nullptr;
-  std::vector<void*> states;
-  std::vector<std::vector<uint8_t>> hostIn, hostOut;
-  std::vector<void*> deviceIn, deviceOut;
-  std::vector<shoal_compress_tensor_t> tensors;
-  shoal_compress_op_t op{};
-  void* opState = nullptr;
-  shoal_round_t round{};
-  char error[512] = {};
-};
-
-std::vector<float> payloadToHost(const shoal_payload_t& payload, bool device) {
-  std::vector<float> values(payload.count);
-  if (device)
-    EXPECT_EQ(cudaMemcpy(values.data(), payload.buffer, payload.count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  else
-    std::memcpy(values.data(), payload.buffer, payload.count * 4);
-  return values;
-}
-
-void payloadFromHost(const shoal_payload_t& payload, const std::vector<float>& values, bool device) {
-  if (device)
-    EXPECT_EQ(cudaMemcpy(payload.buffer, values.data(), values.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  else
-    std::memcpy(payload.buffer, values.data(), values.size() * 4);
-}
-
 void expectClose(const std::vector<float>& got, const std::vector<float>& want, double relative, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 0;
@@ -104,7 +81,9 @@ float asFloat(shoal_dtype_t dtype, const uint8_t* data, size_t i) {
 }
 
 // ef = "1": three steps of random gradients; ef = "0": the last step's
-// gradients are zero and so must be every output.
+// gradients are zero and so must be every output. Host and device each run
+// 2 ranks in lockstep (tests/harness/compressor_rounds.h: payloads summed
+// with shoal's Reducer in rank order), step by step side by side.
 void compareHostAndDevice(shoal_dtype_t dtype, const char* ef) {
   const size_t bytesPer = dtype == SHOAL_F32 ? 4 : 2;
   const double tolerance = dtype == SHOAL_F32 ? 2e-4 : 2e-2;
@@ -113,107 +92,62 @@ void compareHostAndDevice(shoal_dtype_t dtype, const char* ef) {
   ASSERT_TRUE(table->caps & SHOAL_CAP_CUDA);
   const std::vector<Tensor> shapes = {{"a", 64, 48, 2}, {"bias", 50, 1, 1}, {"b", 64, 48, 2}, {"c", 32, 80, 2}};
   const int n = 2, count = static_cast<int>(shapes.size());
-  const char* keys[] = {"rank", "seed", "ef"};
-  const char* values[] = {"4", "9", ef};
   const bool zeroLastStep = ef[0] == '0';
-  // sides[device][rank]
-  std::vector<std::vector<Side>> sides(2, std::vector<Side>(n));
-  for (int device = 0; device < 2; ++device)
-    for (Side& side : sides[device]) {
-      shoal_compressor_params_t params{sizeof(shoal_compressor_params_t), 3, keys, values, nullptr, side.error,
-                                       sizeof side.error};
-      ASSERT_EQ(table->create(&params, &side.instance), SHOAL_OK) << side.error;
-      side.states.assign(count, nullptr);
-      side.deviceIn.assign(count, nullptr);
-      side.deviceOut.assign(count, nullptr);
-      for (int t = 0; t < count; ++t)
-        if (device) {
-          const size_t bytes = shapes[t].rows * shapes[t].cols * bytesPer;
-          ASSERT_EQ(cudaMalloc(&side.deviceIn[t], bytes), cudaSuccess);
-          ASSERT_EQ(cudaMalloc(&side.deviceOut[t], bytes), cudaSuccess);
-        }
-    }
+  std::vector<CompressorRounds::TensorSpec> specs;
+  for (const Tensor& shape : shapes)
+    specs.push_back({dtype, shape.ndim == 2 ? std::vector<int64_t>{int64_t(shape.rows), int64_t(shape.cols)}
+                                            : std::vector<int64_t>{int64_t(shape.rows * shape.cols)},
+                     shape.name});
+  // sides[device]; payloads[device][index][rank]: each rank's payload of round `index` before the sum.
+  std::vector<std::unique_ptr<CompressorRounds>> sides;
+  std::vector<std::vector<std::vector<std::vector<float>>>> payloads(2);
+  for (int device = 0; device < 2; ++device) {
+    sides.push_back(std::make_unique<CompressorRounds>(table, n));
+    CompressorRounds& side = *sides.back();
+    ASSERT_EQ(side.create({{"rank", "4"}, {"seed", "9"}, {"ef", ef}}), SHOAL_OK) << side.error(side.failedRank());
+    if (device) side.placeTensors(shoal::test::deviceMemory());
+    side.observe([&payloads, rounds = &side, device](int rank, const shoal_round_t& round) {
+      if (round.done) return;
+      const std::vector<uint8_t> bytes = rounds->payloadBytes(round.payloads[0]);
+      std::vector<float> values(bytes.size() / 4);
+      std::memcpy(values.data(), bytes.data(), values.size() * 4);
+      payloads[device].resize(std::max<size_t>(payloads[device].size(), size_t(round.index) + 1),
+                              std::vector<std::vector<float>>(2));
+      payloads[device][round.index][rank] = values;
+    });
+  }
   for (int step = 0; step < 3; ++step) {
-    for (int device = 0; device < 2; ++device)
-      for (int w = 0; w < n; ++w) {
-        Side& side = sides[device][w];
-        side.hostIn.assign(count, {});
-        side.hostOut.assign(count, {});
-        side.tensors.assign(count, {});
-        for (int t = 0; t < count; ++t) {
-          const size_t elems = shapes[t].rows * shapes[t].cols;
-          std::vector<float> g(elems, 0.0f);
-          if (step < 2 || !zeroLastStep)
-            for (size_t i = 0; i < elems; ++i) g[i] = uniform(100 * step + 10 * w + t, 3, i);
-          side.hostIn[t].resize(elems * bytesPer);
-          for (size_t i = 0; i < elems; ++i) {
-            if (dtype == SHOAL_BF16)
-              reinterpret_cast<shoal::ops::BFloat16*>(side.hostIn[t].data())[i] = shoal::ops::narrow<shoal::ops::BFloat16>(g[i]);
-            else
-              reinterpret_cast<float*>(side.hostIn[t].data())[i] = g[i];
-          }
-          side.hostOut[t].assign(elems * bytesPer, 0);
-          shoal_compress_tensor_t& tensor = side.tensors[t];
-          void* in = side.hostIn[t].data();
-          void* out = side.hostOut[t].data();
-          if (device) {
-            ASSERT_EQ(cudaMemcpy(side.deviceIn[t], in, elems * bytesPer, cudaMemcpyHostToDevice), cudaSuccess);
-            in = side.deviceIn[t];
-            out = side.deviceOut[t];
-          }
-          tensor.input = shoal_tensor_1d(in, elems, dtype);
-          if (shapes[t].ndim == 2)
-            tensor.input.ndim = 2, tensor.input.shape[0] = int64_t(shapes[t].rows),
-            tensor.input.shape[1] = int64_t(shapes[t].cols);
-          tensor.input.memory = device ? SHOAL_MEMORY_CUDA : SHOAL_MEMORY_HOST;
-          tensor.input.device = 0;
-          tensor.output = tensor.input;
-          tensor.output.data = out;
-          tensor.name = shapes[t].name;
-          tensor.state = &side.states[t];
-        }
-        side.op = shoal_compress_op_t{sizeof(shoal_compress_op_t), w, n, SHOAL_AVG, count, side.tensors.data(),
-                                      uint64_t(step), side.error, sizeof side.error};
-        ASSERT_EQ(table->start(side.instance, &side.op, &side.opState), SHOAL_OK) << side.error;
-        side.round = shoal_round_t{};
-        side.round.struct_size = sizeof(shoal_round_t);
+    auto fill = [&](int w, int t, void* data) {
+      const size_t elems = shapes[t].rows * shapes[t].cols;
+      for (size_t i = 0; i < elems; ++i) {
+        const float g = step < 2 || !zeroLastStep ? uniform(100 * step + 10 * w + t, 3, i) : 0.0f;
+        if (dtype == SHOAL_BF16)
+          static_cast<shoal::ops::BFloat16*>(data)[i] = shoal::ops::narrow<shoal::ops::BFloat16>(g);
+        else
+          static_cast<float*>(data)[i] = g;
       }
-    for (int index = 0; index < 3; ++index) {
-      for (int device = 0; device < 2; ++device)
-        for (int w = 0; w < n; ++w) {
-          Side& side = sides[device][w];
-          side.round.index = index;
-          ASSERT_EQ(table->round(side.instance, side.opState, &side.op, &side.round), SHOAL_OK) << side.error;
-          ASSERT_EQ(side.round.done, index == 2 ? 1 : 0) << "round " << index;
-        }
-      if (index == 2) break;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      // Every rank's payload before the sum: the same on host and device up to rounding.
-      std::vector<std::vector<std::vector<float>>> payloads(2, std::vector<std::vector<float>>(n));
-      for (int device = 0; device < 2; ++device)
-        for (int w = 0; w < n; ++w) payloads[device][w] = payloadToHost(sides[device][w].round.payloads[0], device);
-      for (int w = 0; w < n; ++w)
-        expectClose(payloads[1][w], payloads[0][w], tolerance,
-                    "step " + std::to_string(step) + " rank " + std::to_string(w) + " payload " + std::to_string(index));
-      for (int device = 0; device < 2; ++device) {
-        std::vector<float> sum(payloads[device][0].size(), 0.0f);
-        for (int w = 0; w < n; ++w)
-          for (size_t i = 0; i < sum.size(); ++i) sum[i] += payloads[device][w][i];
-        for (int w = 0; w < n; ++w) payloadFromHost(sides[device][w].round.payloads[0], sum, device);
-      }
+    };
+    for (int device = 0; device < 2; ++device) {
+      payloads[device].clear();
+      CompressorRounds& side = *sides[device];
+      ASSERT_EQ(side.allreduce(specs, SHOAL_AVG, uint64_t(step), fill), SHOAL_OK) << side.error(side.failedRank());
+      ASSERT_EQ(side.rounds(), 2) << "P and Q, then done";
     }
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    for (int device = 0; device < 2; ++device)
-      for (Side& side : sides[device]) table->finish(side.instance, side.opState);
+    // Every rank's payload before the sum: the same on host and device up to rounding.
+    ASSERT_EQ(payloads[0].size(), 2u);
+    ASSERT_EQ(payloads[1].size(), 2u);
+    for (int index = 0; index < 2; ++index)
+      for (int w = 0; w < n; ++w)
+        expectClose(payloads[1][index][w], payloads[0][index][w], tolerance,
+                    "step " + std::to_string(step) + " rank " + std::to_string(w) + " payload " +
+                        std::to_string(index));
     for (int w = 0; w < n; ++w)
       for (int t = 0; t < count; ++t) {
         const size_t elems = shapes[t].rows * shapes[t].cols;
-        std::vector<uint8_t> deviceOut(elems * bytesPer);
-        ASSERT_EQ(cudaMemcpy(deviceOut.data(), sides[1][w].deviceOut[t], deviceOut.size(), cudaMemcpyDeviceToHost),
-                  cudaSuccess);
         std::vector<float> got(elems), want(elems);
         for (size_t i = 0; i < elems; ++i)
-          got[i] = asFloat(dtype, deviceOut.data(), i), want[i] = asFloat(dtype, sides[0][w].hostOut[t].data(), i);
+          got[i] = asFloat(dtype, static_cast<const uint8_t*>(sides[1]->output(w, t)), i),
+          want[i] = asFloat(dtype, static_cast<const uint8_t*>(sides[0]->output(w, t)), i);
         const std::string what = "step " + std::to_string(step) + " rank " + std::to_string(w) + " " + shapes[t].name;
         expectClose(got, want, tolerance, what + " output");
         if (step == 2 && zeroLastStep)
@@ -221,14 +155,13 @@ void compareHostAndDevice(shoal_dtype_t dtype, const char* ef) {
         // The saved state (error vector, Q) through save_tensor_state (a download for the device).
         std::vector<std::vector<float>> saved(2);
         uint64_t trailers[2][5] = {};
+        size_t savedBytes[2] = {};
         for (int device = 0; device < 2; ++device) {
+          CompressorRounds& side = *sides[device];
           size_t bytes = 0;
-          ASSERT_EQ(table->save_tensor_state(sides[device][w].instance, sides[device][w].states[t], nullptr, &bytes),
-                    SHOAL_OK);
+          ASSERT_EQ(table->save_tensor_state(side.instance(w), side.state(w, t), nullptr, &bytes), SHOAL_OK);
           std::vector<uint8_t> blob(bytes);
-          ASSERT_EQ(table->save_tensor_state(sides[device][w].instance, sides[device][w].states[t], blob.data(),
-                                             &bytes),
-                    SHOAL_OK);
+          ASSERT_EQ(table->save_tensor_state(side.instance(w), side.state(w, t), blob.data(), &bytes), SHOAL_OK);
           for (size_t i = 0; i < elems; ++i) saved[device].push_back(asFloat(dtype, blob.data(), i));
           const size_t qFloats = (bytes - elems * bytesPer - 40) / 4;
           for (size_t i = 0; i < qFloats; ++i) {
@@ -237,24 +170,15 @@ void compareHostAndDevice(shoal_dtype_t dtype, const char* ef) {
             saved[device].push_back(q);
           }
           std::memcpy(trailers[device], blob.data() + bytes - 40, 40);
-          if (device) {
-            size_t hostBytes = 0;
-            table->save_tensor_state(sides[0][w].instance, sides[0][w].states[t], nullptr, &hostBytes);
-            EXPECT_EQ(bytes, hostBytes) << what;
-          }
+          savedBytes[device] = bytes;
         }
+        EXPECT_EQ(savedBytes[1], savedBytes[0]) << what;
         expectClose(saved[1], saved[0], tolerance, what + " state");
         // count, cols, r, flags (Q valid, RNG draws so far), dtype: exactly the host's
-        for (int word = 0; word < 5; ++word) EXPECT_EQ(trailers[1][word], trailers[0][word]) << what << " trailer " << word;
+        for (int word = 0; word < 5; ++word)
+          EXPECT_EQ(trailers[1][word], trailers[0][word]) << what << " trailer " << word;
       }
   }
-  for (int device = 0; device < 2; ++device)
-    for (Side& side : sides[device]) {
-      for (void* state : side.states) table->destroy_tensor_state(side.instance, state);
-      table->destroy(side.instance);
-      for (void* p : side.deviceIn) cudaFree(p);
-      for (void* p : side.deviceOut) cudaFree(p);
-    }
 }
 
 // The plan's split phases on device buffers against a host plan (one rank:

@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compressors/sketch/sketch_cuda.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
+#include "cuda_test_util.h"
 #include "gpu/cuda/device.h"
 #include "shoal/compressor.h"
 
@@ -202,109 +204,34 @@ TEST(SketchCuda, EncodeScatterPeelDecodeMatchTheCpu) {
   }
 }
 
-// The compressor table on n ranks in lockstep, tensors in device memory (or
-// host memory), payloads reduced on the host between rounds.
+// The compressor table on n ranks in lockstep (one instance shared by all,
+// tests/harness/compressor_rounds.h), tensors in device memory (or host
+// memory), payloads reduced on the host between rounds. Rank 0's output.
 std::vector<float> runTable(const char* options, int n, bool onDevice, const std::vector<std::vector<float>>& inputs,
                             int* rounds) {
   const shoal_compressor_t* table = nullptr;
   EXPECT_EQ(shoal_compressor_lookup("sketch", &table), SHOAL_OK);
-  std::string text = options;
-  std::vector<std::string> keys, values;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t comma = text.find(',', pos);
-    std::string kv = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    keys.push_back(kv.substr(0, kv.find('=')));
-    values.push_back(kv.substr(kv.find('=') + 1));
-    pos = comma == std::string::npos ? text.size() : comma + 1;
-  }
-  std::vector<const char*> kp, vp;
-  for (size_t i = 0; i < keys.size(); ++i) kp.push_back(keys[i].c_str()), vp.push_back(values[i].c_str());
+  const std::vector<std::pair<std::string, std::string>> pairs = shoal::test::optionPairs(options);
+  std::vector<const char*> keys, values;
+  for (const auto& [key, value] : pairs) keys.push_back(key.c_str()), values.push_back(value.c_str());
   char err[256] = {};
-  shoal_compressor_params_t params{sizeof params, int(kp.size()), kp.data(), vp.data(), nullptr, err, sizeof err};
+  shoal_compressor_params_t params{sizeof params, int(keys.size()), keys.data(), values.data(), nullptr, err,
+                                   sizeof err};
   void* instance = nullptr;
   EXPECT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
   const size_t count = inputs[0].size();
-  struct Rank {
-    std::vector<float> in, out;
-    void *din = nullptr, *dout = nullptr;
-    shoal_compress_tensor_t tensor{};
-    shoal_compress_op_t op{};
-    shoal_round_t round{};
-    void* state = nullptr;
-    char error[256] = {};
-  };
-  std::vector<Rank> ranks(n);
-  for (int r = 0; r < n; ++r) {
-    Rank& R = ranks[r];
-    R.in = inputs[r];
-    R.out.assign(count, 0.0f);
-    R.tensor.input = shoal_tensor_1d(R.in.data(), count, SHOAL_F32);
-    R.tensor.output = shoal_tensor_1d(R.out.data(), count, SHOAL_F32);
-    if (onDevice) {
-      EXPECT_EQ(gpu::allocate(&R.din, count * 4 + 4, nullptr), 0);
-      EXPECT_EQ(gpu::allocate(&R.dout, count * 4 + 4, nullptr), 0);
-      EXPECT_EQ(gpu::copyFromHost(R.din, R.in.data(), count * 4, nullptr), 0);
-      R.tensor.input.data = R.din;
-      R.tensor.output.data = R.dout;
-      R.tensor.input.memory = R.tensor.output.memory = SHOAL_MEMORY_CUDA;
-    }
-    R.op = shoal_compress_op_t{sizeof R.op, r, n, SHOAL_SUM, 1, &R.tensor, 5, R.error, sizeof R.error};
-    EXPECT_EQ(table->start(instance, &R.op, &R.state), SHOAL_OK) << R.error;
-    R.round.struct_size = sizeof R.round;
-  }
-  for (int index = 0; index < 6; ++index) {
-    for (Rank& R : ranks) {
-      R.round.index = index;
-      EXPECT_EQ(table->round(instance, R.state, &R.op, &R.round), SHOAL_OK) << R.error;
-    }
-    if (ranks[0].round.done) {
-      *rounds = index;
-      break;
-    }
-    for (int p = 0; p < ranks[0].round.num_payloads; ++p) {
-      const shoal_payload_t& P0 = ranks[0].round.payloads[p];
-      const size_t bytes = P0.count * (P0.dtype == SHOAL_F32 ? 4 : 8);
-      std::vector<std::vector<uint8_t>> host(n, std::vector<uint8_t>(bytes));
-      for (int r = 0; r < n; ++r) {
-        const void* b = ranks[r].round.payloads[p].buffer;
-        if (onDevice) EXPECT_EQ(gpu::copyToHost(host[r].data(), b, bytes, nullptr), 0);
-        else std::memcpy(host[r].data(), b, bytes);
-      }
-      std::vector<uint8_t> acc = host[0];
-      for (int r = 1; r < n; ++r)
-        for (size_t i = 0; i < P0.count; ++i) {
-          if (P0.dtype == SHOAL_F32) {
-            float a, b;
-            std::memcpy(&a, &acc[i * 4], 4);
-            std::memcpy(&b, &host[r][i * 4], 4);
-            a += b;
-            std::memcpy(&acc[i * 4], &a, 4);
-          } else {
-            uint64_t a, b;
-            std::memcpy(&a, &acc[i * 8], 8);
-            std::memcpy(&b, &host[r][i * 8], 8);
-            a = P0.op == SHOAL_SUM ? a + b : P0.op == SHOAL_BOR ? (a | b) : std::max(a, b);
-            std::memcpy(&acc[i * 8], &a, 8);
-          }
-        }
-      for (int r = 0; r < n; ++r) {
-        void* b = ranks[r].round.payloads[p].buffer;
-        if (onDevice) EXPECT_EQ(gpu::copyFromHost(b, acc.data(), bytes, nullptr), 0);
-        else std::memcpy(b, acc.data(), bytes);
-      }
-    }
-  }
-  std::vector<float> out = ranks[0].out;
-  for (int r = 0; r < n; ++r) {
-    Rank& R = ranks[r];
-    if (onDevice) {
-      EXPECT_EQ(gpu::copyToHost(R.out.data(), R.dout, count * 4, nullptr), 0);
-      if (r == 0) out = R.out;
-      EXPECT_EQ(std::memcmp(R.out.data(), out.data(), count * 4), 0) << "ranks differ";
-    }
-    table->finish(instance, R.state);
-    gpu::release(R.din, nullptr);
-    gpu::release(R.dout, nullptr);
+  std::vector<float> out;
+  {
+    shoal::test::CompressorRounds lockstep(table, n);
+    lockstep.useInstances(std::vector<void*>(n, instance));
+    if (onDevice) lockstep.placeTensors(shoal::test::deviceMemory());
+    auto fill = [&](int r, int, void* data) { std::memcpy(data, inputs[r].data(), count * 4); };
+    EXPECT_EQ(lockstep.allreduce({{SHOAL_F32, {int64_t(count)}, ""}}, SHOAL_SUM, 5, fill), SHOAL_OK)
+        << lockstep.error(lockstep.failedRank());
+    *rounds = lockstep.rounds();
+    out = lockstep.outputAs<float>(0, 0);
+    for (int r = 1; r < n && onDevice; ++r)
+      EXPECT_EQ(std::memcmp(lockstep.output(r, 0), out.data(), count * 4), 0) << "ranks differ";
   }
   table->destroy(instance);
   return out;

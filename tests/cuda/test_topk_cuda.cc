@@ -1,15 +1,15 @@
-// The topk CUDA path against its CPU path: the table driven by hand for n
-// simulated ranks, the same calls on host tensors and on CUDA tensors (fused
-// tensors of mixed dtypes, a zero-size one, ties, NaNs, error feedback over
-// several steps, sum and avg). Payloads, outputs and saved residuals must be
-// the same bits (NaNs: both NaN, see sameValue). Also: a state loaded before the first call moves to the
-// device, and a name that changes memory kind is refused.
+// The topk CUDA path against its CPU path: the table driven for n simulated
+// ranks (tests/harness/compressor_rounds.h), the same calls on host tensors
+// and on CUDA tensors (fused tensors of mixed dtypes, a zero-size one, ties,
+// NaNs, error feedback over several steps, sum and avg). Payloads, outputs
+// and saved residuals must be the same bits (NaNs: both NaN, see sameValue).
+// Also: a state loaded before the first call moves to the device, and a name
+// that changes memory kind is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,8 +19,8 @@
 
 namespace {
 
+using shoal::test::CompressorRounds;
 using shoal::test::DeviceBytes;
-using shoal::test::download;
 using shoal::test::upload;
 
 class CudaTopk : public ::testing::Test {
@@ -61,139 +61,58 @@ struct TopkRun {
   std::vector<std::vector<unsigned char>> states;                // [rank*T + t] after the last step
 };
 
-// `steps` allreduces of the tensors over n ranks, on the device or the host.
-TopkRun runTopk(const std::vector<TensorSpec>& specs, int n, int steps, const char* options, shoal_op_t op, bool onDevice,
-            bool ties) {
+// `steps` allreduces of the tensors over n ranks simulated by CompressorRounds,
+// on the device or the host.
+TopkRun runTopk(const std::vector<TensorSpec>& specs, int n, int steps, const char* options, shoal_op_t op,
+                bool onDevice, bool ties) {
   const shoal_compressor_t* table = nullptr;
   EXPECT_EQ(shoal_compressor_lookup("topk", &table), SHOAL_OK);
   const int tensors = static_cast<int>(specs.size());
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  // Options "k=..,ef=.." split for create().
-  std::vector<std::string> keys, values;
-  for (std::string rest = options; !rest.empty();) {
-    size_t comma = rest.find(',');
-    std::string item = rest.substr(0, comma);
-    keys.push_back(item.substr(0, item.find('=')));
-    values.push_back(item.substr(item.find('=') + 1));
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-  }
-  std::vector<const char*> keyPointers, valuePointers;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    keyPointers.push_back(keys[i].c_str());
-    valuePointers.push_back(values[i].c_str());
-  }
-  std::vector<std::string> names;
-  for (int t = 0; t < tensors; ++t) names.push_back("tensor" + std::to_string(t));
-
-  struct Rank {
-    void* instance = nullptr;
-    std::vector<void*> states;
-    char error[512] = {};
-  };
-  std::vector<Rank> ranks(n);
-  for (Rank& rank : ranks) {
-    shoal_compressor_params_t params{};
-    params.struct_size = sizeof params;
-    params.num_options = static_cast<int>(keys.size());
-    params.keys = keyPointers.data();
-    params.values = valuePointers.data();
-    params.error_text = rank.error;
-    params.error_text_size = sizeof rank.error;
-    EXPECT_EQ(table->create(&params, &rank.instance), SHOAL_OK) << rank.error;
-    rank.states.assign(tensors, nullptr);
-  }
+  std::vector<CompressorRounds::TensorSpec> named;
+  for (int t = 0; t < tensors; ++t)
+    named.push_back({specs[t].dtype, {int64_t(specs[t].count)}, "tensor" + std::to_string(t)});
   TopkRun run;
-  for (int s = 0; s < steps; ++s) {
-    // Inputs and outputs: host vectors, or device copies of them.
-    std::vector<std::vector<unsigned char>> hostIn(n * tensors), hostOut(n * tensors);
-    std::vector<std::unique_ptr<DeviceBytes>> deviceIn(n * tensors), deviceOut(n * tensors);
-    std::vector<std::vector<shoal_compress_tensor_t>> opTensors(n, std::vector<shoal_compress_tensor_t>(tensors));
-    std::vector<shoal_compress_op_t> ops(n);
-    std::vector<void*> opStates(n);
-    std::vector<shoal_round_t> rounds(n);
-    std::vector<uint64_t> gathered;
-    std::vector<size_t> counts(n), displs(n);
-    for (int r = 0; r < n; ++r) {
-      for (int t = 0; t < tensors; ++t) {
-        const int at = r * tensors + t;
-        hostIn[at] = gradientBytes(specs[t], r, t, s, ties);
-        hostOut[at].assign(hostIn[at].size(), 0xee);
-        void* in = hostIn[at].data();
-        void* out = hostOut[at].data();
-        if (onDevice) {
-          deviceIn[at] = std::make_unique<DeviceBytes>(hostIn[at].size());
-          deviceOut[at] = std::make_unique<DeviceBytes>(hostIn[at].size());
-          upload(deviceIn[at]->get(), in, hostIn[at].size());
-          upload(deviceOut[at]->get(), out, hostIn[at].size());
-          in = deviceIn[at]->get();
-          out = deviceOut[at]->get();
+  {
+    CompressorRounds rounds(table, n);
+    EXPECT_EQ(rounds.create(shoal::test::optionPairs(options)), SHOAL_OK) << rounds.error(rounds.failedRank());
+    if (onDevice) rounds.placeTensors(shoal::test::deviceMemory(stream));
+    for (int s = 0; s < steps; ++s) {
+      std::vector<uint64_t> gathered;  // every rank's words, in rank order
+      auto fill = [&](int r, int t, void* data) {
+        const std::vector<unsigned char> bytes = gradientBytes(specs[t], r, t, s, ties);
+        std::memcpy(data, bytes.data(), bytes.size());
+      };
+      auto keepGathered = [&](shoal::test::Delivered& delivered) {
+        EXPECT_EQ(delivered.collective, SHOAL_COLLECTIVE_ALLGATHERV);
+        gathered.resize(delivered.bytes.size() / 8);
+        std::memcpy(gathered.data(), delivered.bytes.data(), gathered.size() * 8);
+      };
+      EXPECT_EQ(rounds.allreduce(named, op, uint64_t(s), fill, keepGathered), SHOAL_OK)
+          << rounds.error(rounds.failedRank());
+      EXPECT_EQ(rounds.rounds(), 1) << "one gathering round, then done";
+      run.payloads.push_back(gathered);
+      std::vector<std::vector<unsigned char>> outputs;
+      for (int r = 0; r < n; ++r)
+        for (int t = 0; t < tensors; ++t) {
+          const auto* out = static_cast<const unsigned char*>(rounds.output(r, t));
+          outputs.emplace_back(out, out + specs[t].count * shoal_dtype_size(specs[t].dtype));
         }
-        shoal_compress_tensor_t& tensor = opTensors[r][t];
-        tensor.input = shoal_tensor_1d(in, specs[t].count, specs[t].dtype);
-        tensor.output = shoal_tensor_1d(out, specs[t].count, specs[t].dtype);
-        if (onDevice)
-          for (shoal_tensor_t* side : {&tensor.input, &tensor.output}) {
-            side->memory = SHOAL_MEMORY_CUDA;
-            side->device = 0;
-            side->stream = stream;
-          }
-        tensor.name = names[t].c_str();
-        tensor.state = &ranks[r].states[t];
+      run.outputs.push_back(outputs);
+    }
+    for (int r = 0; r < n; ++r)
+      for (int t = 0; t < tensors; ++t) {
+        std::vector<unsigned char> bytes;
+        if (table->save_tensor_state && rounds.state(r, t)) {
+          size_t size = 0;
+          EXPECT_EQ(table->save_tensor_state(rounds.instance(r), rounds.state(r, t), nullptr, &size), SHOAL_OK);
+          bytes.resize(size);
+          EXPECT_EQ(table->save_tensor_state(rounds.instance(r), rounds.state(r, t), bytes.data(), &size), SHOAL_OK);
+        }
+        run.states.push_back(bytes);
       }
-      shoal_compress_op_t& o = ops[r];
-      o.struct_size = sizeof o;
-      o.rank = r;
-      o.world_size = n;
-      o.op = op;
-      o.num_tensors = tensors;
-      o.tensors = opTensors[r].data();
-      o.step = uint64_t(s);
-      o.error_text = ranks[r].error;
-      o.error_text_size = sizeof ranks[r].error;
-      EXPECT_EQ(table->start(ranks[r].instance, &o, &opStates[r]), SHOAL_OK) << ranks[r].error;
-      rounds[r].struct_size = sizeof rounds[r];
-      EXPECT_EQ(table->round(ranks[r].instance, opStates[r], &o, &rounds[r]), SHOAL_OK) << ranks[r].error;
-      EXPECT_EQ(rounds[r].num_payloads, 1);
-      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      const shoal_payload_t& payload = rounds[r].payloads[0];
-      std::vector<uint64_t> words = download<uint64_t>(payload.buffer, payload.count);  // cudaMemcpyDefault: either side
-      displs[r] = gathered.size();
-      counts[r] = words.size();
-      gathered.insert(gathered.end(), words.begin(), words.end());
-    }
-    run.payloads.push_back(gathered);
-    DeviceBytes deviceGathered(gathered.size() * 8);
-    if (onDevice) upload(deviceGathered.get(), gathered.data(), gathered.size() * 8);
-    for (int r = 0; r < n; ++r) {
-      shoal_payload_t& payload = rounds[r].payloads[0];
-      payload.gathered = onDevice ? deviceGathered.get() : static_cast<const void*>(gathered.data());
-      payload.gathered_counts = counts.data();
-      payload.gathered_displs = displs.data();
-      rounds[r].index = 1;
-      EXPECT_EQ(table->round(ranks[r].instance, opStates[r], &ops[r], &rounds[r]), SHOAL_OK) << ranks[r].error;
-      EXPECT_EQ(rounds[r].done, 1);
-      table->finish(ranks[r].instance, opStates[r]);
-    }
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<std::vector<unsigned char>> outputs(n * tensors);
-    for (int at = 0; at < n * tensors; ++at)
-      outputs[at] = onDevice ? download<unsigned char>(deviceOut[at]->get(), hostOut[at].size()) : hostOut[at];
-    run.outputs.push_back(outputs);
-  }
-  for (int r = 0; r < n; ++r)
-    for (int t = 0; t < tensors; ++t) {
-      std::vector<unsigned char> bytes;
-      if (table->save_tensor_state && ranks[r].states[t]) {
-        size_t size = 0;
-        EXPECT_EQ(table->save_tensor_state(ranks[r].instance, ranks[r].states[t], nullptr, &size), SHOAL_OK);
-        bytes.resize(size);
-        EXPECT_EQ(table->save_tensor_state(ranks[r].instance, ranks[r].states[t], bytes.data(), &size), SHOAL_OK);
-      }
-      run.states.push_back(bytes);
-      if (ranks[r].states[t]) table->destroy_tensor_state(ranks[r].instance, ranks[r].states[t]);
-    }
-  for (Rank& rank : ranks) table->destroy(rank.instance);
+  }  // the states and instances go with `rounds`, before the stream
   cudaStreamDestroy(stream);
   return run;
 }

@@ -15,9 +15,12 @@
 //   rewrite it, as a buggy or hostile rank could: every rank then reads the
 //   same bytes, as after a real collective.
 //
-// Host memory only: a device payload would need the device's copies. Used by
-// the compressor unit tests and, through tests/fuzz/lockstep.h, the fuzz
-// targets: header-only, no test framework.
+// The tensors live in host vectors unless the test places them in memory of
+// its own (placeTensors: tests/cuda/cuda_test_util.h's deviceMemory() is CUDA
+// device memory); payloads then live there too, and the collectives here
+// read and write them through the memory's copy. Used by the compressor unit
+// tests, the CUDA compressor tests and, through tests/fuzz/lockstep.h, the
+// fuzz targets: header-only, no test framework, no CUDA header.
 #pragma once
 
 #include <algorithm>
@@ -58,6 +61,20 @@ struct Delivered {
 using Hook = std::function<void(Delivered&)>;
 using RoundObserver = std::function<void(int rank, const shoal_round_t& round)>;
 
+// Memory a test provides for the tensors (and so the payloads) instead of host
+// vectors: the kind, device and stream the tensors name, and how to allocate,
+// release and copy it. copy(to, from, bytes) takes either side in host memory
+// or this memory (as cudaMemcpyDefault does) and returns once the copy and
+// all work queued before it are done.
+struct TensorMemory {
+  shoal_memory_t kind = SHOAL_MEMORY_CUDA;
+  int device = 0;
+  void* stream = nullptr;
+  std::function<void*(size_t bytes)> allocate;
+  std::function<void(void* data)> release;
+  std::function<void(void* to, const void* from, size_t bytes)> copy;
+};
+
 // "k=v,k=v" as the pairs CompressorRounds::create() takes.
 inline std::vector<std::pair<std::string, std::string>> optionPairs(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> pairs;
@@ -92,7 +109,13 @@ class CompressorRounds {
         if (state != nullptr && table_->destroy_tensor_state) table_->destroy_tensor_state(rank.instance, state);
     for (Rank& rank : ranks_)
       if (rank.instance != nullptr && rank.ownsInstance) table_->destroy(rank.instance);
+    for (Rank& rank : ranks_) releasePlaced(rank, /*gatheredToo=*/true);
   }
+
+  // Puts every later start()'s tensors (inputs filled on the host, then
+  // copied) into `memory`; outputs are copied back when an operation ends.
+  // Call before the first start().
+  void placeTensors(TensorMemory memory) { memory_ = std::move(memory); }
 
   // Creates every rank's instance with options "k=v" pairs; error(r) says why one failed.
   shoal_status_t create(const std::vector<std::pair<std::string, std::string>>& options) {
@@ -136,12 +159,14 @@ class CompressorRounds {
     specs_ = specs;
     rounds_ = -1;
     statuses_.assign(world(), SHOAL_OK);
+    outputsPlaced_ = placed();
     for (int r = 0; r < world(); ++r) {
       Rank& rank = ranks_[r];
       rank.states.resize(specs.size(), nullptr);
       rank.in.assign(specs.size(), {});
       rank.out.assign(specs.size(), {});
       rank.tensors.assign(specs.size(), shoal_compress_tensor_t{});
+      releasePlaced(rank, /*gatheredToo=*/false);
       for (size_t t = 0; t < specs.size(); ++t) {
         size_t count = 1;
         for (int64_t d : specs[t].shape) count *= static_cast<size_t>(d);
@@ -155,6 +180,17 @@ class CompressorRounds {
         for (size_t d = 0; d < specs[t].shape.size(); ++d) tensor.input.shape[d] = specs[t].shape[d];
         tensor.output = tensor.input;
         tensor.output.data = rank.out[t].data();
+        if (placed()) {
+          rank.placedIn.push_back(place(rank.in[t]));
+          rank.placedOut.push_back(place(rank.out[t]));
+          tensor.input.data = rank.placedIn.back();
+          tensor.output.data = rank.placedOut.back();
+          for (shoal_tensor_t* side : {&tensor.input, &tensor.output}) {
+            side->memory = memory_.kind;
+            side->device = memory_.device;
+            side->stream = memory_.stream;
+          }
+        }
         tensor.name = specs[t].name.empty() ? nullptr : specs[t].name.c_str();
         tensor.state = &rank.states[t];
       }
@@ -251,6 +287,12 @@ class CompressorRounds {
     return elementsOf<T>(ranks_[rank].in[t], t);
   }
 
+  // The bytes of a payload as a rank wrote them (count elements of its dtype),
+  // wherever they live: for a RoundObserver of placed tensors.
+  std::vector<uint8_t> payloadBytes(const shoal_payload_t& payload) const {
+    return readBytes(payload.buffer, payload.count * shoal_dtype_size(payload.dtype));
+  }
+
  private:
   struct Rank {
     void* instance = nullptr;
@@ -265,8 +307,47 @@ class CompressorRounds {
     // allgatherv results, valid during the next round (as the driver's)
     std::vector<uint8_t> gathered[SHOAL_MAX_ROUND_PAYLOADS];
     std::vector<size_t> counts[SHOAL_MAX_ROUND_PAYLOADS], displs[SHOAL_MAX_ROUND_PAYLOADS];
+    // With placeTensors: the tensors in the test's memory, and the gathered copies there
+    std::vector<void*> placedIn, placedOut;
+    void* placedGathered[SHOAL_MAX_ROUND_PAYLOADS] = {};
     char error[512] = {};
   };
+
+  bool placed() const { return static_cast<bool>(memory_.allocate); }
+
+  // A copy of `host` in the test's memory.
+  void* place(const std::vector<uint8_t>& host) {
+    void* data = memory_.allocate(host.size());
+    memory_.copy(data, host.data(), host.size());
+    return data;
+  }
+
+  void releasePlaced(Rank& rank, bool gatheredToo) {
+    if (!placed()) return;
+    for (void* data : rank.placedIn) memory_.release(data);
+    for (void* data : rank.placedOut) memory_.release(data);
+    rank.placedIn.clear();
+    rank.placedOut.clear();
+    if (!gatheredToo) return;
+    for (void*& data : rank.placedGathered) {
+      if (data != nullptr) memory_.release(data);
+      data = nullptr;
+    }
+  }
+
+  std::vector<uint8_t> readBytes(const void* data, size_t bytes) const {
+    std::vector<uint8_t> host(bytes);
+    if (bytes == 0) return host;
+    if (placed()) memory_.copy(host.data(), data, bytes);
+    else std::memcpy(host.data(), data, bytes);
+    return host;
+  }
+
+  void writeBytes(void* data, const std::vector<uint8_t>& host) const {
+    if (host.empty()) return;
+    if (placed()) memory_.copy(data, host.data(), host.size());
+    else std::memcpy(data, host.data(), host.size());
+  }
 
   template <typename T>
   std::vector<T> elementsOf(const std::vector<uint8_t>& bytes, int t) const {
@@ -283,6 +364,12 @@ class CompressorRounds {
       rank.started = false;
       rank.opState = nullptr;
     }
+    // Placed outputs come back to the host vectors that output() and outputAs() read.
+    if (outputsPlaced_)
+      for (Rank& rank : ranks_)
+        for (size_t t = 0; t < rank.placedOut.size(); ++t)
+          memory_.copy(rank.out[t].data(), rank.placedOut[t], rank.out[t].size());
+    outputsPlaced_ = false;
   }
 
   shoal_status_t lockstepFailure(const char* why) {
@@ -318,22 +405,21 @@ class CompressorRounds {
       d.op = mine.op;
       if (mine.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
         if (!isValidDtypeOp(mine.dtype, mine.op)) return lockstepFailure("an allreduce op invalid for its dtype");
-        d.bytes.assign(static_cast<const uint8_t*>(mine.buffer),
-                       static_cast<const uint8_t*>(mine.buffer) + mine.count * element);
+        d.bytes = payloadBytes(mine);
         Reducer reducer(mine.dtype, mine.op);
         for (int r = 1; r < n; ++r)
-          if (mine.count > 0) reducer.combine(d.bytes.data(), ranks_[r].round.payloads[p].buffer, mine.count);
+          if (mine.count > 0)
+            reducer.combine(d.bytes.data(), payloadBytes(ranks_[r].round.payloads[p]).data(), mine.count);
         if (mine.op == SHOAL_AVG) reducer.finish(d.bytes.data(), mine.count, n);
         if (hook) hook(d);
         d.bytes.resize(mine.count * element);  // an allreduce result has the size that was sent
-        for (Rank& rank : ranks_)
-          if (mine.count > 0) std::memcpy(rank.round.payloads[p].buffer, d.bytes.data(), d.bytes.size());
+        for (Rank& rank : ranks_) writeBytes(rank.round.payloads[p].buffer, d.bytes);
       } else {
         for (Rank& rank : ranks_) {
           const shoal_payload_t& theirs = rank.round.payloads[p];
           d.counts.push_back(theirs.count);
-          d.bytes.insert(d.bytes.end(), static_cast<const uint8_t*>(theirs.buffer),
-                         static_cast<const uint8_t*>(theirs.buffer) + theirs.count * element);
+          const std::vector<uint8_t> bytes = payloadBytes(theirs);
+          d.bytes.insert(d.bytes.end(), bytes.begin(), bytes.end());
         }
         if (hook) hook(d);
         d.counts.resize(n, 0);
@@ -351,6 +437,11 @@ class CompressorRounds {
           rank.displs[p] = displs;
           shoal_payload_t& theirs = rank.round.payloads[p];
           theirs.gathered = rank.gathered[p].data();
+          if (placed()) {  // gathered where the payload is, as the driver does
+            if (rank.placedGathered[p] != nullptr) memory_.release(rank.placedGathered[p]);
+            rank.placedGathered[p] = place(rank.gathered[p]);
+            theirs.gathered = rank.placedGathered[p];
+          }
           theirs.gathered_counts = rank.counts[p].data();
           theirs.gathered_displs = rank.displs[p].data();
         }
@@ -363,6 +454,8 @@ class CompressorRounds {
   std::vector<Rank> ranks_;
   std::vector<TensorSpec> specs_;
   RoundObserver observer_;
+  TensorMemory memory_;         // no allocate: host vectors
+  bool outputsPlaced_ = false;  // placed outputs not yet copied back
   int rounds_ = -1;
   int failedRank_ = -1;
   std::vector<shoal_status_t> statuses_;

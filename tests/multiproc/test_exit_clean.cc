@@ -7,30 +7,23 @@
 // shoalrun with SHOAL_EXIT_TEST_MODE set, main() runs one rank of that mode
 // and returns without destroying anything; otherwise it runs the tests, which
 // start `shoalrun -np 4 <this executable>` several times.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "harness/forked_job.h"
 #include "shoal/shoal.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 const char kShoalrun[] = SHOAL_BIN_DIR "/shoalrun";
 const char kModeVariable[] = "SHOAL_EXIT_TEST_MODE";
@@ -89,52 +82,16 @@ struct Outcome {
   std::string err;
 };
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// `shoalrun -np <ranks> <this executable>` in the given mode, bounded by 60 s.
+// `shoalrun -np <ranks> <this executable>` in the given mode, bounded by 60 s
+// (then SIGTERM, which shoalrun forwards to the ranks).
 Outcome launch(int ranks, const std::string& mode) {
-  char dir[] = "/tmp/shoal_exit_test_XXXXXX";
-  if (mkdtemp(dir) == nullptr) return {-1, std::string("mkdtemp: ") + std::strerror(errno)};
-  const fs::path errPath = fs::path(dir) / "stderr";
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::string np = std::to_string(ranks);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int errFd = open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int nullFd = open("/dev/null", O_RDWR);
-    if (errFd < 0 || nullFd < 0) _exit(250);
-    dup2(nullFd, STDIN_FILENO);
-    dup2(nullFd, STDOUT_FILENO);
-    dup2(errFd, STDERR_FILENO);
-    unsetenv("SHOAL_STORE");
-    unsetenv("SHOAL_TOKEN");
-    setenv(kModeVariable, mode.c_str(), 1);
-    setenv("SHOAL_TIMEOUT_S", "20", 1);
-    execl(kShoalrun, kShoalrun, "-np", np.c_str(), self.c_str(), static_cast<char*>(nullptr));
-    _exit(251);
-  }
-  Outcome outcome;
-  if (pid < 0) return {-1, std::string("fork: ") + std::strerror(errno)};
-  int status = 0;
-  const auto start = Clock::now();
-  while (waitpid(pid, &status, WNOHANG) != pid) {
-    if (Clock::now() - start > std::chrono::seconds(60)) {
-      kill(pid, SIGTERM);
-      waitpid(pid, &status, 0);
-      outcome.err = "shoalrun did not finish within 60 s\n";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  outcome.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  outcome.err += readFile(errPath);
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);
+  shoal::test::Program shoalrun{kShoalrun, {"-np", std::to_string(ranks), self}, {"SHOAL_STORE", "SHOAL_TOKEN"},
+                                {{kModeVariable, mode}, {"SHOAL_TIMEOUT_S", "20"}}};
+  shoal::test::ForkedRank ended = shoal::test::runProgram(shoalrun, 60, SIGTERM);
+  Outcome outcome{ended.exitCode, ended.errors};
+  if (ended.exitCode == shoal::test::kKilledAtDeadline)
+    outcome.err = "shoalrun did not finish within 60 s\n" + outcome.err;
   return outcome;
 }
 

@@ -2,31 +2,23 @@
 // flags (-a averaging, -c N checks), --algo, the -J JSON schema, --shape for PowerSGD, the
 // effective and payload bandwidths, --version, the timeline of a blocking-call program, and
 // SHOAL_LOG_LEVEL=info's summary once per communicator. Every run is `shoalrun -np 2`.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "harness/forked_job.h"
 #include "runtime/json_lite.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using shoal::test::json::Value;
 
 const std::string kBin = SHOAL_BIN_DIR;
@@ -36,12 +28,7 @@ struct Outcome {
   std::string out, err;
 };
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using shoal::test::readWholeFile;
 
 class ShoalBench : public ::testing::Test {
  protected:
@@ -58,44 +45,17 @@ class ShoalBench : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_, ignored);
   }
 
-  // Runs `program args` (a path under the bin dir) with extra environment, bounded by 120 s.
+  // Runs `program args` (a path under the bin dir) with extra environment, bounded by 120 s
+  // (then SIGTERM, which shoalrun forwards to its ranks).
   Outcome run(const std::string& program, const std::vector<std::string>& args,
-          const std::map<std::string, std::string>& environment = {}) {
-    const fs::path outPath = dir_ / "out", errPath = dir_ / "err";
-    const std::string path = kBin + "/" + program;
-    pid_t pid = fork();
-    if (pid == 0) {
-      int outFd = open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int errFd = open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int nullFd = open("/dev/null", O_RDONLY);
-      if (outFd < 0 || errFd < 0 || nullFd < 0) _exit(250);
-      dup2(nullFd, STDIN_FILENO), dup2(outFd, STDOUT_FILENO), dup2(errFd, STDERR_FILENO);
-      for (const char* name : {"SHOAL_STORE", "SHOAL_TOKEN", "SHOAL_COMPRESSOR", "SHOAL_COMPRESSOR_OPTS",
-                               "SHOAL_LOG_LEVEL", "SHOAL_TIMELINE", "SHOAL_ALGO"})
-        unsetenv(name);
-      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(path.c_str())};
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      execv(path.c_str(), argv.data());
-      _exit(251);
-    }
-    Outcome result;
-    int status = 0;
-    const auto start = Clock::now();
-    while (waitpid(pid, &status, WNOHANG) != pid) {
-      if (Clock::now() - start > std::chrono::seconds(120)) {
-        kill(pid, SIGTERM);
-        waitpid(pid, &status, 0);
-        ADD_FAILURE() << program << " did not finish within 120 s";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    result.out = readFile(outPath);
-    result.err = readFile(errPath);
-    return result;
+              const std::map<std::string, std::string>& environment = {}) {
+    shoal::test::Program command{kBin + "/" + program, args,
+                                 {"SHOAL_STORE", "SHOAL_TOKEN", "SHOAL_COMPRESSOR", "SHOAL_COMPRESSOR_OPTS",
+                                  "SHOAL_LOG_LEVEL", "SHOAL_TIMELINE", "SHOAL_ALGO"},
+                                 environment};
+    shoal::test::ForkedRank ended = shoal::test::runProgram(command, 120, SIGTERM);
+    if (ended.exitCode == shoal::test::kKilledAtDeadline) ADD_FAILURE() << program << " did not finish within 120 s";
+    return Outcome{ended.exitCode, ended.output, ended.errors};
   }
 
   // shoalrun -np 2 shoal-bench args -J file: the parsed document (a failure when it is not one).
@@ -107,9 +67,9 @@ class ShoalBench : public ::testing::Test {
     last_ = run("shoalrun", all, environment);
     EXPECT_EQ(last_.exitCode, 0) << last_.out << last_.err;
     try {
-      return shoal::test::json::parse(readFile(json));
+      return shoal::test::json::parse(readWholeFile(json));
     } catch (const std::exception& error) {
-      ADD_FAILURE() << "not JSON: " << error.what() << "\n" << readFile(json).substr(0, 2000);
+      ADD_FAILURE() << "not JSON: " << error.what() << "\n" << readWholeFile(json).substr(0, 2000);
       return {};
     }
   }
@@ -232,15 +192,15 @@ TEST_F(ShoalBench, TimelineAndInfoSummaryOfABlockingProgram) {
         {{"SHOAL_TIMELINE", timeline}, {"SHOAL_LOG_LEVEL", "info"}});
   Value trace;
   try {
-    trace = shoal::test::json::parse(readFile(timeline));
+    trace = shoal::test::json::parse(readWholeFile(timeline));
   } catch (const std::exception& error) {
-    FAIL() << "the timeline is not JSON: " << error.what() << "\n" << readFile(timeline).substr(0, 1000);
+    FAIL() << "the timeline is not JSON: " << error.what() << "\n" << readWholeFile(timeline).substr(0, 1000);
   }
   std::map<std::string, int> calls;
   for (const Value& event : trace.items)
     if (event.at("ph").text == "X" && event.at("name").text == "BLOCKING_CALL") ++calls[event.at("args").at("call").text];
   // Per mode: 1 warm-up + 3 timed + 1 checked allreduce_tensor calls, twice.
-  EXPECT_GE(calls["shoal_allreduce_tensor"], 10) << readFile(timeline).substr(0, 2000);
+  EXPECT_GE(calls["shoal_allreduce_tensor"], 10) << readWholeFile(timeline).substr(0, 2000);
   EXPECT_GE(calls["shoal_barrier"], 2);
   for (int rank = 0; rank < 2; ++rank) {
     const std::regex summary("\\[" + std::to_string(rank) + "\\] shoal INFO \\[pid \\d+\\] rank " +

@@ -1,9 +1,6 @@
 // shoalrun as users see it: the environment each rank gets, prefixed output, fail-fast when a
 // rank dies, signal forwarding, and the usage errors. Ranks are small `sh -c` programs.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
@@ -23,6 +19,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "harness/forked_job.h"
 
 namespace {
 
@@ -38,12 +36,7 @@ struct RunResult {
   double seconds = 0;
 };
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using shoal::test::readWholeFile;
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> result;
@@ -69,51 +62,11 @@ class ShoalrunTest : public ::testing::Test {
   // `whileRunning` is called with shoalrun's pid once it has started.
   RunResult run(const std::vector<std::string>& args, const std::map<std::string, std::string>& environment = {},
                 const std::function<void(pid_t)>& whileRunning = nullptr) {
-    fs::path outPath = dir_ / "shoalrun.out";
-    fs::path errPath = dir_ / "shoalrun.err";
-    auto start = Clock::now();
-    pid_t pid = fork();
-    if (pid == 0) {
-      int outFd = open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int errFd = open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      int nullFd = open("/dev/null", O_RDONLY);
-      if (outFd < 0 || errFd < 0 || nullFd < 0) _exit(250);
-      dup2(nullFd, STDIN_FILENO);
-      dup2(outFd, STDOUT_FILENO);
-      dup2(errFd, STDERR_FILENO);
-      unsetenv("SHOAL_STORE");
-      unsetenv("SHOAL_TOKEN");
-      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(kShoalrun)};
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      execv(kShoalrun, argv.data());
-      _exit(251);
-    }
-    RunResult result;
-    if (pid < 0) {
-      ADD_FAILURE() << "fork: " << std::strerror(errno);
-      return result;
-    }
-    if (whileRunning) whileRunning(pid);
-
-    int status = 0;
-    for (;;) {
-      pid_t done = waitpid(pid, &status, WNOHANG);
-      if (done == pid) break;
-      if (Clock::now() - start > std::chrono::seconds(30)) {  // a hung shoalrun fails the test, not the suite
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        ADD_FAILURE() << "shoalrun did not finish within 30 s";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    result.out = readFile(outPath);
-    result.err = readFile(errPath);
-    return result;
+    shoal::test::Program shoalrun{kShoalrun, args, {"SHOAL_STORE", "SHOAL_TOKEN"}, environment};
+    // A hung shoalrun fails the test, not the suite.
+    shoal::test::ForkedRank ended = shoal::test::runProgram(shoalrun, 30, SIGKILL, whileRunning);
+    if (ended.exitCode == shoal::test::kKilledAtDeadline) ADD_FAILURE() << "shoalrun did not finish within 30 s";
+    return RunResult{ended.exitCode, ended.output, ended.errors, ended.seconds};
   }
 
   // Waits until every file exists (written by ranks once they are running).
@@ -131,7 +84,7 @@ class ShoalrunTest : public ::testing::Test {
   // Alive means running: a killed sleeper is reparented to init and may stay a zombie until init reaps it.
   static bool isRunning(pid_t pid) {
     if (kill(pid, 0) != 0) return false;
-    std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat = readWholeFile("/proc/" + std::to_string(pid) + "/stat");
     size_t nameEnd = stat.rfind(')');
     if (nameEnd == std::string::npos || nameEnd + 2 >= stat.size()) return kill(pid, 0) == 0;
     char state = stat[nameEnd + 2];
@@ -143,7 +96,7 @@ class ShoalrunTest : public ::testing::Test {
     for (int rank : sleeperRanks) {
       fs::path pidFile = dir_ / ("pid." + std::to_string(rank));
       ASSERT_TRUE(fs::exists(pidFile)) << "rank " << rank << " never started its sleeper";
-      pid_t sleeper = static_cast<pid_t>(std::stol(readFile(pidFile)));
+      pid_t sleeper = static_cast<pid_t>(std::stol(readWholeFile(pidFile)));
       // SIGKILL from shoalrun takes effect a moment after shoalrun has reaped the rank itself.
       auto deadline = Clock::now() + std::chrono::seconds(2);
       while (isRunning(sleeper) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));

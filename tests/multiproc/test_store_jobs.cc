@@ -1,18 +1,17 @@
 // The store and the communicator life cycle in real multi-process jobs:
-// rank_worker processes (tests/multiproc/rank_worker.cc) started here with
-// fork/exec, with the rank variables of shoalrun, torchrun, MPICH or PMIx.
+// rank_worker processes (tests/multiproc/rank_worker.cc) started here through
+// ForkedJob (tests/harness/forked_job.h), with the rank variables of shoalrun,
+// torchrun, MPICH or PMIx.
 //  - a flood of idle connections to rank 0's port does not break a job;
 //  - 500 create/destroy cycles, two communicators at once, a reused file:// folder;
 //  - rank discovery from torchrun's (and its store rule), PMI's and PMIx's variables;
 //  - ranks die with shoalrun when it is SIGKILLed, and the port is freed;
 //  - UCX of a loopback-only job listens on loopback only.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -284,26 +283,17 @@ TEST_F(StoreJobs, ALoopbackJobListensOnLoopbackOnly) {
 }
 
 TEST_F(StoreJobs, RanksDieWithShoalrunAndFreeThePort) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t launcher = fork();
-  if (launcher == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    setenv("SHOAL_STORE", ("tcp://127.0.0.1:" + std::to_string(port_)).c_str(), 1);
-    execl(kShoalrun, kShoalrun, "-np", "2", kWorker, "hold", static_cast<char*>(nullptr));
-    _exit(251);
-  }
-  close(out[1]);
-  // Read the ranks' "holding pid P" lines through shoalrun.
+  // shoalrun is the job's one child; its ranks' "holding pid P" lines arrive in its output.
+  job_->start(1, [&](int) {
+    return shoal::test::execProgram(
+        {kShoalrun, {"-np", "2", kWorker, "hold"}, {}, {{"SHOAL_STORE", "tcp://127.0.0.1:" + std::to_string(port_)}}});
+  });
+  const pid_t launcher = job_->ranks()[0].pid;
   std::vector<pid_t> pids;
   std::string text;
-  fcntl(out[0], F_SETFL, O_NONBLOCK);
   for (Clock::time_point begin = Clock::now(); pids.size() < 2 && since(begin) < 30;) {
-    char buf[512];
-    ssize_t n = read(out[0], buf, sizeof buf);
-    if (n > 0) text.append(buf, static_cast<size_t>(n));
-    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    text = job_->outputSoFar(0);
     pids.clear();
     std::smatch match;
     for (auto it = text.cbegin(); std::regex_search(it, text.cend(), match, std::regex("holding pid (\\d+)"));
@@ -313,7 +303,7 @@ TEST_F(StoreJobs, RanksDieWithShoalrunAndFreeThePort) {
   ASSERT_EQ(pids.size(), 2u) << text;
   EXPECT_FALSE(portFree(port_)) << "rank 0 should be serving the store";
   kill(launcher, SIGKILL);
-  waitpid(launcher, nullptr, 0);
+  job_->finish(10);
   Clock::time_point killed = Clock::now();
   auto alive = [](pid_t pid) {
     std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -328,7 +318,6 @@ TEST_F(StoreJobs, RanksDieWithShoalrunAndFreeThePort) {
   EXPECT_TRUE(portFree(port_)) << "the store's port is still held";
   for (pid_t pid : pids)
     if (alive(pid)) kill(pid, SIGKILL);  // do not leave orphans behind a failed test
-  close(out[0]);
 }
 
 }  // namespace

@@ -13,57 +13,26 @@
 #include <vector>
 
 #include "gpu/exchange_route.h"
+#include "harness/cuda_routing.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
-#if SHOAL_WITH_CUDA
-#include "gpu/cuda/device.h"
-#endif
 
 namespace {
 
 using shoal::test::callOk;
+using shoal::test::cudaTensor;
+using shoal::test::cudaUsable;
+using shoal::test::expectRefused;
+using shoal::test::expectUsable;
+using shoal::test::fakeDevicePointer;
 using shoal::test::runRanks;
 using Clock = std::chrono::steady_clock;
 
-constexpr double kTimeoutS = 30;
-
-bool cudaUsable() {
-#if SHOAL_WITH_CUDA && SHOAL_WITH_NCCL
-  std::string why;
-  return shoal::cuda::deviceCount(&why) > 0;
-#else
-  return false;
-#endif
-}
+constexpr double kTimeoutS = shoal::test::kRoutingTimeoutS;
 
 int32_t valueOf(int from, int to, size_t i) { return 1000 * from + 100 * to + static_cast<int32_t>(i); }
 
 shoal_tensor_t hostTensor(std::vector<int32_t>& data) { return shoal_tensor_1d(data.data(), data.size(), SHOAL_I32); }
-
-shoal_tensor_t cudaTensor(void* data, size_t count, shoal_dtype_t dtype) {
-  shoal_tensor_t tensor = shoal_tensor_1d(data, count, dtype);
-  tensor.memory = SHOAL_MEMORY_CUDA;
-  return tensor;
-}
-
-// Never dereferenced: every call below is refused before any device work.
-void* fakeDevicePointer(int which = 0) { return reinterpret_cast<void*>(uintptr_t(0x7f0000000000) + (which << 20)); }
-
-void expectRefused(shoal_status_t got, shoal_status_t expected, shoal_comm_t comm, Clock::time_point start,
-                   std::initializer_list<std::string> words, const std::string& what) {
-  EXPECT_EQ(got, expected) << what << ": " << shoal_status_string(got) << ": " << shoal_last_error(comm);
-  const std::string text = shoal_last_error(comm);
-  for (const std::string& word : words)
-    EXPECT_NE(text.find(word), std::string::npos) << what << ": error does not mention '" << word << "': " << text;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), kTimeoutS / 3)
-      << what << ": the refusal waited for the deadline instead of reaching every rank";
-}
-
-void expectUsable(shoal_comm_t comm, int size) {
-  int value = 1, sum = 0;
-  if (callOk(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "allreduce after a refusal"))
-    EXPECT_EQ(sum, size);
-}
 
 // ---- the count comparison of the per-peer forms ---------------------------------
 

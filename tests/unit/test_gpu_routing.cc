@@ -14,18 +14,21 @@
 
 #include "collectives/common/context.h"
 #include "collectives/common/reducer.h"
+#include "harness/cuda_routing.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
 #include "collectives/common/ring.h"
-#if SHOAL_WITH_CUDA
-#include "gpu/cuda/device.h"
-#endif
 
 namespace {
 
 using shoal::test::callOk;
+using shoal::test::cudaTensor;
+using shoal::test::cudaUsable;
+using shoal::test::expectRefused;
+using shoal::test::expectUsable;
+using shoal::test::fakeDevicePointer;
 using shoal::test::runRanks;
 using Clock = std::chrono::steady_clock;
 
@@ -123,46 +126,7 @@ TEST(DeviceRingSchedule, SimulatedRingReducesEveryBlockOnce) {
 
 // ---- routing by memory kind -------------------------------------------------------
 
-// The build and machine can run CUDA calls: then refusals name the argument,
-// else every CUDA call is refused as unsupported here.
-bool cudaUsable() {
-#if SHOAL_WITH_CUDA && SHOAL_WITH_NCCL
-  std::string why;
-  return shoal::cuda::deviceCount(&why) > 0;
-#else
-  return false;
-#endif
-}
-
-shoal_tensor_t cudaTensor(void* data, size_t count, shoal_dtype_t dtype, int device = 0) {
-  shoal_tensor_t tensor = shoal_tensor_1d(data, count, dtype);
-  tensor.memory = SHOAL_MEMORY_CUDA;
-  tensor.device = device;
-  return tensor;
-}
-
-constexpr double kTimeoutS = 30;
-
-// The call returned `status` with text containing every one of `words`, well before the deadline.
-void expectRefused(shoal_status_t got, shoal_status_t expected, shoal_comm_t comm, Clock::time_point start,
-                   std::initializer_list<std::string> words, const std::string& what) {
-  EXPECT_EQ(got, expected) << what << ": " << shoal_status_string(got) << ": " << shoal_last_error(comm);
-  std::string text = shoal_last_error(comm);
-  for (const std::string& word : words)
-    EXPECT_NE(text.find(word), std::string::npos) << what << ": error does not mention '" << word << "': " << text;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), kTimeoutS / 3)
-      << what << ": the refusal waited for the deadline instead of reaching every rank";
-}
-
-// After a refused call the communicator still works.
-void expectUsable(shoal_comm_t comm, int size) {
-  int value = 1, sum = 0;
-  if (callOk(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), comm, "host allreduce after a refusal"))
-    EXPECT_EQ(sum, size);
-}
-
-// Device pointers that are never dereferenced: every call below is refused first.
-void* fakeDevicePointer(int which = 0) { return reinterpret_cast<void*>(uintptr_t(0x7f0000000000) + (which << 20)); }
+constexpr double kTimeoutS = shoal::test::kRoutingTimeoutS;
 
 TEST(MemoryRouting, MixedMemoryKindsFailOnEveryRank) {
   const int n = 3;

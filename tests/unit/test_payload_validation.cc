@@ -336,12 +336,12 @@ TEST(PayloadValidation, PowerSgdNonFiniteFactors) {
   }
 }
 
-// ---- qint8 (the example plugin, loaded from the build's plugins/ folder) -----------
+// ---- qint8 (the example plugin, built with this test into SHOAL_TEST_PLUGIN_DIR) -------
 TEST(PayloadValidation, Qint8BlockMaximumBelowOwnValues) {
-  setenv("SHOAL_PLUGIN_PATH", SHOAL_BIN_DIR "/../plugins", /*overwrite=*/0);
+  setenv("SHOAL_PLUGIN_PATH", SHOAL_TEST_PLUGIN_DIR, /*overwrite=*/0);
   const shoal_compressor_t* table = nullptr;
   ASSERT_EQ(shoal_compressor_lookup("qint8", &table), SHOAL_OK)
-      << "build the shoal-compressor-qint8 target (plugins/ next to bin/): " << shoal_last_error(nullptr);
+      << "the example plugin qint8 is not in " SHOAL_TEST_PLUGIN_DIR ": " << shoal_last_error(nullptr);
   for (bool corrupt : {false, true}) {
     Lockstep run(table, 2);
     ASSERT_EQ(run.create({{"block", "16"}}), SHOAL_OK) << run.error(0);
