@@ -45,16 +45,4 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
 // ("root", "ops[2]: peer").
 void checkRank(const char* call, std::string_view what, int rank, int size);
 
-// Runs checks that come before the body takes the call's sequence number: a
-// refusal still takes it (see runCollective), so the next call pairs up.
-template <typename Comm, typename Checks>
-void refuseTakingNumber(Comm& c, Checks&& checks) {
-  try {
-    checks();
-  } catch (const Error&) {
-    c.sequence++;
-    throw;
-  }
-}
-
 }  // namespace shoal
