@@ -19,6 +19,10 @@
 // So a send completes only when its receive has (like MPI_Ssend): two ranks
 // that both send first wait for each other until the deadline; post both
 // directions in one shoal_sendrecv_many instead.
+//
+// A call refused for its arguments fails the communicator: there is no
+// agreement round that could tell the peer, which would otherwise wait in the
+// matching call until its deadline (refuseFailingTheCommunicator).
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -26,6 +30,7 @@
 
 #include "comm/agree.h"
 #include "api/checks.h"
+#include "comm/call.h"
 #include "comm/communicator.h"
 #include "api/export.h"
 #include "api/guard.h"
@@ -189,17 +194,36 @@ void exchangeCuda(shoal_comm& c, const char* call, const MemoryRoute& route, con
   cudaSendRecv(c, route, device);
 }
 
+// Point-to-point has no agreement round: a peer waiting in the matching call
+// would hear of a refusal only at its deadline. So a refused call fails the
+// communicator, and the peer's call (any rank's next call) fails at once with
+// SHOAL_ERR_REMOTE and this rank's reason; this rank reports the refusal.
+template <typename Checks>
+void refuseFailingTheCommunicator(shoal_comm& c, Checks&& checks) {
+  try {
+    checks();
+  } catch (const Error& error) {
+    failCommunicator(c, fmt::format("rank {} refused its point-to-point call: {}", c.rank, error.what()),
+                     error.status());
+    throw;
+  }
+}
+
 // route: the memory of the tensor form's operations (nullptr: host buffers).
 void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops, int n, bool single,
                      const MemoryRoute* route = nullptr) {
   shoal_comm& c = usableComm(comm, call);
+  // Refused on this rank alone, the communicator kept: the runtime runs on
+  // every rank of a communicator, so its peers refuse their calls too.
   if (c.engine && c.engine->routesBlockingCalls())
     fail(SHOAL_ERR_INVALID_ARGUMENT,
          "{}: point-to-point calls are not available while the async runtime runs on this communicator (its engine "
          "orders collective calls across all ranks); use a communicator without it",
          call);
-  checkOps(call, ops, n);
-  for (int i = 0; i < n; ++i) checkOp(call, c, ops[i], single ? -1 : i);
+  refuseFailingTheCommunicator(c, [&] {
+    checkOps(call, ops, n);
+    for (int i = 0; i < n; ++i) checkOp(call, c, ops[i], single ? -1 : i);
+  });
   if (n == 0) return;
   CallScope scope(c, signatureOf(CallKind::SendRecv, -1, -1, 0));
   try {
@@ -207,11 +231,10 @@ void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops
     else exchange(c, call, ops, n);
     c.transport->checkNotAborted();
   } catch (const Error& error) {
-    if (!c.transport->failed()) c.transport->abort(error.what(), error.status());
+    failCommunicator(c, error.what(), error.status());
     throw;
   }
 }
-
 
 // shoal_send and shoal_recv: a group of one.
 shoal_status_t sendOrRecv(shoal_comm_t comm, const char* call, shoal_p2p_t op) {
@@ -238,25 +261,20 @@ SHOAL_EXPORT shoal_status_t shoal_sendrecv_many_tensor(shoal_comm_t comm, const 
   const char* call = "shoal_sendrecv_many_tensor";
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, call);
-    checkOps(call, ops, n);
-    std::vector<const shoal_tensor_t*> tensors;
-    for (int i = 0; i < n; ++i) tensors.push_back(&ops[i].tensor);
-    MemoryRoute route = routeOf(call, tensors);
-    std::vector<shoal_p2p_t> plain(n);
-    try {
+    MemoryRoute route;
+    std::vector<shoal_p2p_t> plain(n > 0 ? n : 0);
+    refuseFailingTheCommunicator(c, [&] {
+      checkOps(call, ops, n);
+      std::vector<const shoal_tensor_t*> tensors;
+      for (int i = 0; i < n; ++i) tensors.push_back(&ops[i].tensor);
+      route = routeOf(call, tensors);
       for (int i = 0; i < n; ++i) {
         const size_t count = checkedTensorElements(call, "ops[i].tensor", ops[i].tensor);
         plain[i] = {ops[i].kind, ops[i].peer, ops[i].tag, ops[i].tensor.data, count, ops[i].tensor.dtype};
       }
       checkCudaReady(c, call, route);
       if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
-    } catch (const Error& error) {
-      // Point-to-point has no agreement round: a CUDA call refused here
-      // fails the communicator, so its peers hear of it at once instead of
-      // waiting for their deadline (docs/collectives.md).
-      if (route.cuda && !c.transport->failed()) c.transport->abort(error.what(), error.status());
-      throw;
-    }
+    });
     runPointToPoint(comm, call, plain.data(), n, false, &route);
   });
 }
