@@ -124,7 +124,7 @@ TEST(PointToPointRefusal, SizeMismatchFailsBothSides) {
                        receiveFour);
   ASSERT_EQ(sides.size(), 2u);
   expectStatus(sides[0].call, SHOAL_ERR_MISMATCH, "sender", {"same count and dtype"});
-  expectStatus(sides[1].call, SHOAL_ERR_MISMATCH, "receiver", {"rank 0 sends 5 x f32 with tag 5", "receives 4"});
+  expectStatus(sides[1].call, SHOAL_ERR_MISMATCH, "receiver", {"rank 0 sends 5 x float with tag 5", "receives 4 x float"});
   for (size_t rank = 0; rank < 2; ++rank)
     EXPECT_NE(sides[rank].next.status, SHOAL_OK) << "rank " << rank << "'s next call: " << sides[rank].next.text;
 }
