@@ -179,11 +179,7 @@ shoal_status_t roundOnDevice(Format format, OpState* state, shoal_compress_op_t*
               round->index == 0 ? "encode" : "decode", state->device, error);
     return SHOAL_ERR_INTERNAL;
   }
-  if (round->index > 0) {
-    round->num_payloads = 0;
-    round->done = 1;
-    return SHOAL_OK;
-  }
+  if (round->index > 0) return roundsDone(round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, format == Format::Fp16 ? SHOAL_F16 : SHOAL_BF16, op->op,
                     state->devicePayload, state->count);
   return SHOAL_OK;
@@ -218,10 +214,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
       else decode(format, slice, static_cast<float*>(tensor.output.data), count);
     }
   }
-  if (round->index > 0) {
-    round->done = 1;
-    return SHOAL_OK;
-  }
+  if (round->index > 0) return roundsDone(round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, format == Format::Fp16 ? SHOAL_F16 : SHOAL_BF16, op->op,
                     state->payload.data(), state->payload.size());
   return SHOAL_OK;

@@ -26,6 +26,14 @@ inline void setAllreducePayload(shoal_payload_t& payload, shoal_dtype_t dtype, s
   setPayload(payload, SHOAL_COLLECTIVE_ALLREDUCE, dtype, op, buffer, count);
 }
 
+// The operation's last round: every output is written, no collective follows.
+inline shoal_status_t roundsDone(shoal_round_t* round) {
+  round->num_payloads = 0;
+  round->done = 1;
+  return SHOAL_OK;
+}
+
+// A round of one payload (the step every single-payload compressor round ends with).
 inline void requestOnePayload(shoal_round_t* round, shoal_collective_t collective, shoal_dtype_t dtype,
                               shoal_op_t op, void* buffer, size_t count) {
   round->num_payloads = 1;

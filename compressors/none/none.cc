@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "compressors/common/payload.h"
 #include "core/tensor.h"
 #include "shoal/compressor.h"
 
@@ -29,10 +30,7 @@ shoal_status_t start(void*, shoal_compress_op_t*, void** opState) {
 
 // Round 0: one allreduce per tensor, in place in its output. Round 1: done.
 shoal_status_t round(void*, void*, shoal_compress_op_t* op, shoal_round_t* round) {
-  if (round->index > 0) {
-    round->done = 1;
-    return SHOAL_OK;
-  }
+  if (round->index > 0) return roundsDone(round);
   if (op->num_tensors > SHOAL_MAX_ROUND_PAYLOADS) {
     std::snprintf(op->error_text, op->error_text_size, "none handles at most %d tensors per call",
                   SHOAL_MAX_ROUND_PAYLOADS);
@@ -44,13 +42,7 @@ shoal_status_t round(void*, void*, shoal_compress_op_t* op, shoal_round_t* round
     size_t count = shoal::elementsCount(tensor.input);
     if (tensor.output.data != tensor.input.data)
       std::memcpy(tensor.output.data, tensor.input.data, count * shoal_dtype_size(tensor.input.dtype));
-    shoal_payload_t& payload = round->payloads[t];
-    payload = shoal_payload_t{};
-    payload.collective = SHOAL_COLLECTIVE_ALLREDUCE;
-    payload.dtype = tensor.input.dtype;
-    payload.op = op->op;
-    payload.buffer = tensor.output.data;
-    payload.count = count;
+    setAllreducePayload(round->payloads[t], tensor.input.dtype, op->op, tensor.output.data, count);
   }
   return SHOAL_OK;
 }

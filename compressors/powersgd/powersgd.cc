@@ -308,16 +308,12 @@ shoal_status_t finishOutputs(const Instance& instance, OpState& state, shoal_com
       writeText(op->error_text, op->error_text_size, "%s", error.c_str());
       return SHOAL_ERR_INTERNAL;
     }
-    round->num_payloads = 0;
-    round->done = 1;
-    return SHOAL_OK;
+    return roundsDone(round);
   }
 #endif
   finishStep(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), state.qbuf.data(),
              state.mbuf.data(), op->world_size, op->op);
-  round->num_payloads = 0;
-  round->done = 1;
-  return SHOAL_OK;
+  return roundsDone(round);
 }
 
 #if SHOAL_WITH_CUDA

@@ -636,9 +636,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.
     decodeKnown(s, op, true);
     writeOutputs(s, op);
-    round->num_payloads = 0;
-    round->done = 1;
-    return SHOAL_OK;
+    return roundsDone(round);
   }
   if (s.stage == 1) {
     // Values arrived: peel sketches, collect leftovers.
@@ -674,9 +672,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   // stage 2: everything known.
   decodeKnown(s, op, true);
   writeOutputs(s, op);
-  round->num_payloads = 0;
-  round->done = 1;
-  return SHOAL_OK;
+  return roundsDone(round);
 }
 
 void finish(void*, void* opState) {

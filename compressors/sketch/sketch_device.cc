@@ -367,9 +367,7 @@ shoal_status_t deviceRound(const Instance& inst, void* opState, shoal_compress_o
     }
   }
   if (!writeOutputs(s, op, check)) return SHOAL_ERR_SYSTEM;
-  round->num_payloads = 0;
-  round->done = 1;
-  return SHOAL_OK;
+  return roundsDone(round);
 }
 
 void deviceFinish(void* opState) {

@@ -276,9 +276,7 @@ shoal_status_t encodeRound(Instance& instance, OpState& state, shoal_compress_op
   }
   state.expectedWords = 2 * totalKept;
   if (state.offsets[tensors] == 0) {  // nothing to reduce (every rank agrees: same shapes)
-    round->num_payloads = 0;
-    round->done = 1;
-    return SHOAL_OK;
+    return roundsDone(round);
   }
   const std::vector<TensorState*>& errors = state.errors;
 #if SHOAL_WITH_CUDA
@@ -355,9 +353,7 @@ shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_
     if (shoal_status_t status = decodeOnDevice(state, op, payload, &badPairs); status != SHOAL_OK) return status;
     if (badPairs > 0) return broken("%u gathered pairs have an index beyond the %llu elements", badPairs,
                                     static_cast<unsigned long long>(total));
-    round->num_payloads = 0;
-    round->done = 1;
-    return SHOAL_OK;
+    return roundsDone(round);
   }
 #endif
   for (int t = 0; t < tensors; ++t) {
@@ -418,9 +414,7 @@ shoal_status_t decodeRound(OpState& state, shoal_compress_op_t* op, shoal_round_
       }
     }
   }
-  round->num_payloads = 0;
-  round->done = 1;
-  return SHOAL_OK;
+  return roundsDone(round);
 }
 
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {

@@ -216,7 +216,10 @@ shoal_status_t shoal_scatterv(shoal_comm_t comm, const void *sendbuf, const size
  * deadline. Not collective: only the two ranks call. A send returns once its
  * receive has the data (both sides fail if count or dtype differ), so two
  * ranks that exchange must post both directions in one shoal_sendrecv_many.
- * Messages between two ranks with one tag arrive in the order sent. */
+ * Messages between two ranks with one tag arrive in the order sent.
+ * A call this rank refuses (a bad peer, tag, count, dtype or buffer) fails the
+ * communicator, so its peer fails at once (SHOAL_ERR_REMOTE with the reason)
+ * rather than at its deadline; create a new communicator after it. */
 #define SHOAL_TAG_MAX ((1 << 25) - 1)
 shoal_status_t shoal_send(shoal_comm_t comm, const void *buf, size_t count, shoal_dtype_t dtype,
                           int peer, int tag);
@@ -301,9 +304,9 @@ shoal_status_t shoal_scatterv_tensor(shoal_comm_t comm, const shoal_tensor_t *in
 /* shoal_sendrecv_many with tensors: all of one memory kind per call, and a
  * send and its receive of one kind (MISMATCH on both sides otherwise). CUDA
  * tensors use a two-rank NCCL communicator per peer, made by both on their
- * first CUDA exchange. A CUDA call this rank refuses (no CUDA build or
- * device, a host pointer) fails the communicator, so its peers fail at once
- * rather than at their deadline. */
+ * first CUDA exchange. A call this rank refuses (no CUDA build or device, a
+ * host pointer, a bad argument, as for shoal_send) fails the communicator,
+ * so its peers fail at once rather than at their deadline. */
 typedef struct {
   shoal_p2p_kind_t kind;
   int peer;

@@ -91,5 +91,9 @@ void checkNoPartialOverlap(const char* call, const void* a, size_t na, const voi
          call);
 }
 
+void checkRank(const char* call, std::string_view what, int rank, int size) {
+  if (rank < 0 || rank >= size)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} {} is not a rank; use 0..{}", call, what, rank, size - 1);
+}
 
 }  // namespace shoal

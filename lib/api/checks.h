@@ -41,17 +41,8 @@ void checkBuffer(const char* call, const char* name, const void* buffer, size_t 
 // [a, a + na) and [b, b + nb) overlap without being the in-place layout:
 // refused, since the result would depend on the copy order.
 void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace);
-
-// Runs checks that come before the body takes the call's sequence number: a
-// refusal still takes it (see runCollective), so the next call pairs up.
-template <typename Comm, typename Checks>
-void refuseTakingNumber(Comm& c, Checks&& checks) {
-  try {
-    checks();
-  } catch (const Error&) {
-    c.sequence++;
-    throw;
-  }
-}
+// A rank argument (a root, a peer) must lie in 0..size-1; `what` names it
+// ("root", "ops[2]: peer").
+void checkRank(const char* call, std::string_view what, int rank, int size);
 
 }  // namespace shoal

@@ -73,11 +73,6 @@ Layout uniformLayout(size_t bytesEach, int peers) {
   return layout;
 }
 
-void checkRoot(const char* call, int root, int size) {
-  if (root < 0 || root >= size)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, size - 1);
-}
-
 // Alltoall(v) once arguments are checked. In place (send == recv) the send
 // side is staged in scratch slot 2 (the algorithms use 0 and 1).
 void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const Layout& send, void* recvbuf,
@@ -94,9 +89,17 @@ void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const L
   });
 }
 
-}  // namespace
-
-namespace {
+// alltoall and alltoallv on host memory. alltoall's count is in the
+// signature: every rank receives from every other, so a count that differs
+// anywhere fails some receive on every rank, no closing round needed.
+// alltoallv's per-peer counts take the closing round (see the top).
+void hostAlltoall(shoal_comm& c, uint64_t sequence, CallKind kind, shoal_dtype_t dtype, size_t count,
+                  const void* sendbuf, const Layout& send, void* recvbuf, const Layout& recv) {
+  const bool v = kind == CallKind::Alltoallv;
+  const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, !v);
+  CallScope scope(c, signatureOf(kind, dtype, -1, v ? 0 : count, -1, algorithm.name));
+  runAlltoallv(c, sequence, sendbuf, send, recvbuf, recv, v, algorithm);
+}
 
 // shoal_alltoall's checks (its tensor form's too): the uniform layout.
 Layout checkAlltoall(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t count,
@@ -132,11 +135,7 @@ SHOAL_EXPORT shoal_status_t shoal_alltoall(shoal_comm_t comm, const void* sendbu
   return enter(comm, "shoal_alltoall", [&](Call& thisCall) {
     shoal_comm& c = thisCall.comm();
     Layout layout = checkAlltoall(thisCall.name(), c, sendbuf, recvbuf, count, dtype);
-    // Every rank receives from every other: a count that differs anywhere
-    // fails some receive on every rank, no closing round needed.
-    const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, true);
-    CallScope scope(c, signatureOf(CallKind::Alltoall, dtype, -1, count, -1, algorithm.name));
-    runAlltoallv(c, thisCall.sequence(), sendbuf, layout, recvbuf, layout, false, algorithm);
+    hostAlltoall(c, thisCall.sequence(), CallKind::Alltoall, dtype, count, sendbuf, layout, recvbuf, layout);
   });
 }
 
@@ -147,9 +146,7 @@ SHOAL_EXPORT shoal_status_t shoal_alltoallv(shoal_comm_t comm, const void* sendb
     shoal_comm& c = thisCall.comm();
     auto [send, recv] =
         checkAlltoallv(thisCall.name(), c, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype);
-    const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, false);
-    CallScope scope(c, signatureOf(CallKind::Alltoallv, dtype, -1, 0, -1, algorithm.name));
-    runAlltoallv(c, thisCall.sequence(), sendbuf, send, recvbuf, recv, true, algorithm);
+    hostAlltoall(c, thisCall.sequence(), CallKind::Alltoallv, dtype, 0, sendbuf, send, recvbuf, recv);
   });
 }
 
@@ -158,7 +155,7 @@ namespace {
 void checkReduce(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t count,
                  shoal_dtype_t dtype, shoal_op_t op, int root) {
   checkDtypeOp(call, dtype, op);
-  checkRoot(call, root, c.size);
+  checkRank(call, "root", root, c.size);
   const size_t bytes = checkedByteCount(call, "count", count, dtype);
   checkBuffer(call, "sendbuf", sendbuf, bytes);
   if (c.rank == root) {
@@ -225,34 +222,12 @@ struct Rooted {
   size_t bytes = 0;
 };
 
-Rooted checkGather(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t sendcount,
-                   shoal_dtype_t dtype, int root) {
-  checkDtype(call, dtype);
-  checkRoot(call, root, c.size);
-  const size_t total = checkedByteCount(call, "sendcount x world size", sendcount, dtype, c.size);
-  Rooted rooted{uniformLayout(total / c.size, c.size), total / c.size};
+// Root's buffers against its layout, every rank's own block: gather's
+// receive side on root (its own block may be root's block, in place), the
+// send side elsewhere. scatter is the mirror image.
+void checkGatherBuffers(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf,
+                        const Rooted& rooted, int root) {
   if (c.rank == root) {
-    checkBuffer(call, "recvbuf (on root)", recvbuf, total);
-    const void* inPlace = static_cast<uint8_t*>(recvbuf) + rooted.layout.offset[root];
-    if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
-    checkNoPartialOverlap(call, sendbuf, rooted.bytes, recvbuf, total, sendbuf == inPlace);
-  } else {
-    checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
-  }
-  return rooted;
-}
-
-Rooted checkGatherv(const char* call, const shoal_comm& c, const void* sendbuf, size_t sendcount, void* recvbuf,
-                    const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype, int root) {
-  checkDtype(call, dtype);
-  checkRoot(call, root, c.size);
-  Rooted rooted;
-  rooted.bytes = checkedByteCount(call, "sendcount", sendcount, dtype);
-  if (c.rank == root) {
-    rooted.layout = layoutOf(call, "recvcounts", "displs", recvcounts, displs, c.size, dtype);
-    if (rooted.layout.bytes[root] != rooted.bytes)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sendcount {} differs from recvcounts[{}] = {} on root; they must be "
-           "equal", call, sendcount, root, recvcounts[root]);
     checkBuffer(call, "recvbuf (on root)", recvbuf, rooted.layout.end);
     const void* inPlace = static_cast<uint8_t*>(recvbuf) + rooted.layout.offset[root];
     if (sendbuf != inPlace) checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
@@ -260,37 +235,11 @@ Rooted checkGatherv(const char* call, const shoal_comm& c, const void* sendbuf, 
   } else {
     checkBuffer(call, "sendbuf", sendbuf, rooted.bytes);
   }
-  return rooted;
 }
 
-Rooted checkScatter(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t recvcount,
-                    shoal_dtype_t dtype, int root) {
-  checkDtype(call, dtype);
-  checkRoot(call, root, c.size);
-  const size_t total = checkedByteCount(call, "recvcount x world size", recvcount, dtype, c.size);
-  Rooted rooted{uniformLayout(total / c.size, c.size), total / c.size};
+void checkScatterBuffers(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf,
+                         const Rooted& rooted, int root) {
   if (c.rank == root) {
-    checkBuffer(call, "sendbuf (on root)", sendbuf, total);
-    const void* inPlace = static_cast<const uint8_t*>(sendbuf) + rooted.layout.offset[root];
-    if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
-    checkNoPartialOverlap(call, sendbuf, total, recvbuf, rooted.bytes, recvbuf == inPlace);
-  } else {
-    checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
-  }
-  return rooted;
-}
-
-Rooted checkScatterv(const char* call, const shoal_comm& c, const void* sendbuf, const size_t* sendcounts,
-                     const size_t* displs, void* recvbuf, size_t recvcount, shoal_dtype_t dtype, int root) {
-  checkDtype(call, dtype);
-  checkRoot(call, root, c.size);
-  Rooted rooted;
-  rooted.bytes = checkedByteCount(call, "recvcount", recvcount, dtype);
-  if (c.rank == root) {
-    rooted.layout = layoutOf(call, "sendcounts", "displs", sendcounts, displs, c.size, dtype);
-    if (rooted.layout.bytes[root] != rooted.bytes)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: recvcount {} differs from sendcounts[{}] = {} on root; they must be "
-           "equal", call, recvcount, root, sendcounts[root]);
     checkBuffer(call, "sendbuf (on root)", sendbuf, rooted.layout.end);
     const void* inPlace = static_cast<const uint8_t*>(sendbuf) + rooted.layout.offset[root];
     if (recvbuf != inPlace) checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
@@ -298,6 +247,58 @@ Rooted checkScatterv(const char* call, const shoal_comm& c, const void* sendbuf,
   } else {
     checkBuffer(call, "recvbuf", recvbuf, rooted.bytes);
   }
+}
+
+// The fixed-count forms: `count` elements per rank, packed.
+Rooted uniformRooted(const char* call, const shoal_comm& c, const char* what, size_t count, shoal_dtype_t dtype,
+                     int root) {
+  checkDtype(call, dtype);
+  checkRank(call, "root", root, c.size);
+  const size_t total = checkedByteCount(call, what, count, dtype, c.size);
+  return Rooted{uniformLayout(total / c.size, c.size), total / c.size};
+}
+
+// The v forms: root's per-rank counts, whose own entry must equal `count`.
+Rooted perRankRooted(const char* call, const shoal_comm& c, const char* countName, const char* countsName,
+                     size_t count, const size_t* counts, const size_t* displs, shoal_dtype_t dtype, int root) {
+  checkDtype(call, dtype);
+  checkRank(call, "root", root, c.size);
+  Rooted rooted;
+  rooted.bytes = checkedByteCount(call, countName, count, dtype);
+  if (c.rank == root) {
+    rooted.layout = layoutOf(call, countsName, "displs", counts, displs, c.size, dtype);
+    if (rooted.layout.bytes[root] != rooted.bytes)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} {} differs from {}[{}] = {} on root; they must be equal", call,
+           countName, count, countsName, root, counts[root]);
+  }
+  return rooted;
+}
+
+Rooted checkGather(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t sendcount,
+                   shoal_dtype_t dtype, int root) {
+  Rooted rooted = uniformRooted(call, c, "sendcount x world size", sendcount, dtype, root);
+  checkGatherBuffers(call, c, sendbuf, recvbuf, rooted, root);
+  return rooted;
+}
+
+Rooted checkGatherv(const char* call, const shoal_comm& c, const void* sendbuf, size_t sendcount, void* recvbuf,
+                    const size_t* recvcounts, const size_t* displs, shoal_dtype_t dtype, int root) {
+  Rooted rooted = perRankRooted(call, c, "sendcount", "recvcounts", sendcount, recvcounts, displs, dtype, root);
+  checkGatherBuffers(call, c, sendbuf, recvbuf, rooted, root);
+  return rooted;
+}
+
+Rooted checkScatter(const char* call, const shoal_comm& c, const void* sendbuf, void* recvbuf, size_t recvcount,
+                    shoal_dtype_t dtype, int root) {
+  Rooted rooted = uniformRooted(call, c, "recvcount x world size", recvcount, dtype, root);
+  checkScatterBuffers(call, c, sendbuf, recvbuf, rooted, root);
+  return rooted;
+}
+
+Rooted checkScatterv(const char* call, const shoal_comm& c, const void* sendbuf, const size_t* sendcounts,
+                     const size_t* displs, void* recvbuf, size_t recvcount, shoal_dtype_t dtype, int root) {
+  Rooted rooted = perRankRooted(call, c, "recvcount", "sendcounts", recvcount, sendcounts, displs, dtype, root);
+  checkScatterBuffers(call, c, sendbuf, recvbuf, rooted, root);
   return rooted;
 }
 
@@ -427,75 +428,150 @@ void tensorCall(Call& call, MemoryRoute& route, Checks&& checks, Host&& host, De
   device();
 }
 
+// The three shapes of tensor entry point. Each takes its call's own checks
+// (`checks`, run on this rank or agreed across ranks by tensorCall) and does
+// the rest alike for the fixed-count and the v form: the NULL test that comes
+// before the memory route, the route, the host call and the CUDA exchange.
+
+// What alltoall(v)'s checks leave: both layouts, the uniform count (0 for v).
+struct Exchanged {
+  Layout send, recv;
+  size_t count = 0;
+};
+
+template <typename Checks>
+shoal_status_t alltoallTensor(shoal_comm_t comm, const char* name, CallKind kind, const shoal_tensor_t* input,
+                              const shoal_tensor_t* output, Checks&& checks) {
+  return enter(comm, name, [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool v = kind == CallKind::Alltoallv;
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
+    MemoryRoute route = routeOf(call, {input, output});
+    Exchanged layouts;
+    tensorCall(
+        thisCall, route, [&] { layouts = checks(call, c); },
+        [&] {
+          hostAlltoall(c, thisCall.sequence(), kind, input->dtype, layouts.count, input->data, layouts.send,
+                       output->data, layouts.recv);
+        },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{v ? "alltoallv" : "alltoall", input->dtype, layouts.count, -1, v, input->data,
+                                      deviceBlocks(layouts.send, c.size), output->data,
+                                      deviceBlocks(layouts.recv, c.size)});
+        });
+  });
+}
+
+// gather(v): `checks(call, c, count, out, recv)` checks root's side (`out`:
+// the output's elements on root, `recv` its data; 0 and NULL elsewhere).
+template <typename Checks>
+shoal_status_t gatherTensor(shoal_comm_t comm, const char* name, CallKind kind, const shoal_tensor_t* input,
+                            const shoal_tensor_t* output, int root, Checks&& checks) {
+  return enter(comm, name, [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root, v = kind == CallKind::Gatherv;
+    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
+    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
+    size_t count = 0;
+    void* recv = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "input", input);
+          size_t out = 0;
+          if (isRoot) {
+            out = elementsOf(call, "output (on root)", output);
+            sameDtype(call, *input, *output);
+            recv = output->data;
+          }
+          rooted = checks(call, c, count, out, recv);
+        },
+        [&] { hostGather(c, thisCall.sequence(), kind, count, input->data, recv, rooted, input->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{v ? "gatherv" : "gather", input->dtype, v ? 0 : count, root, v, input->data,
+                                      oneBlock(c.size, root, rooted.bytes), recv,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0)});
+        });
+  });
+}
+
+// scatter(v), gather's mirror image: `checks(call, c, count, in, send)`.
+template <typename Checks>
+shoal_status_t scatterTensor(shoal_comm_t comm, const char* name, CallKind kind, const shoal_tensor_t* input,
+                             const shoal_tensor_t* output, int root, Checks&& checks) {
+  return enter(comm, name, [&](Call& thisCall) {
+    const char* call = thisCall.name();
+    shoal_comm& c = thisCall.comm();
+    const bool isRoot = c.rank == root, v = kind == CallKind::Scatterv;
+    if (output == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL", call);
+    MemoryRoute route = routeOf(call, used({output}, input, isRoot));
+    size_t count = 0;
+    const void* send = nullptr;
+    Rooted rooted;
+    tensorCall(
+        thisCall, route,
+        [&] {
+          count = elementsOf(call, "output", output);
+          size_t in = 0;
+          if (isRoot) {
+            in = elementsOf(call, "input (on root)", input);
+            sameDtype(call, *input, *output);
+            send = input->data;
+          }
+          rooted = checks(call, c, count, in, send);
+        },
+        [&] { hostScatter(c, thisCall.sequence(), kind, count, send, output->data, rooted, output->dtype, root); },
+        [&] {
+          cudaExchange(c, thisCall.sequence(), route,
+                       DeviceExchange{v ? "scatterv" : "scatter", output->dtype, v ? 0 : count, root, v, send,
+                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0),
+                                      output->data, oneBlock(c.size, root, rooted.bytes)});
+        });
+  });
+}
+
 }  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_alltoall_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                   const shoal_tensor_t* output) {
-  return enter(comm, "shoal_alltoall_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    if (input == nullptr || output == nullptr)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-    MemoryRoute route = routeOf(call, {input, output});
-    size_t count = 0;
-    Layout layout;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          const size_t elements = elementsOf(call, "input", input);
-          sameDtype(call, *input, *output);
-          if (elements % c.size != 0)
-            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements, not a multiple of the world size {}; use "
-                 "shoal_alltoallv_tensor for blocks of different sizes", call, elements, c.size);
-          expectElements(call, "output", elementsOf(call, "output", output), elements, "as many as input");
-          count = elements / c.size;
-          layout = checkAlltoall(call, c, input->data, output->data, count, input->dtype);
-        },
-        [&] {
-          const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, true);
-          CallScope scope(c, signatureOf(CallKind::Alltoall, input->dtype, -1, count, -1, algorithm.name));
-          runAlltoallv(c, thisCall.sequence(), input->data, layout, output->data, layout, false, algorithm);
-        },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"alltoall", input->dtype, count, -1, false, input->data,
-                                      deviceBlocks(layout, c.size), output->data, deviceBlocks(layout, c.size)});
-        });
-  });
+  return alltoallTensor(comm, "shoal_alltoall_tensor", CallKind::Alltoall, input, output,
+                        [&](const char* call, const shoal_comm& c) {
+                          const size_t elements = elementsOf(call, "input", input);
+                          sameDtype(call, *input, *output);
+                          if (elements % c.size != 0)
+                            fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements, not a multiple of the world "
+                                 "size {}; use shoal_alltoallv_tensor for blocks of different sizes", call, elements,
+                                 c.size);
+                          expectElements(call, "output", elementsOf(call, "output", output), elements,
+                                         "as many as input");
+                          const size_t count = elements / c.size;
+                          Layout layout = checkAlltoall(call, c, input->data, output->data, count, input->dtype);
+                          return Exchanged{layout, layout, count};
+                        });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_alltoallv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                    const size_t* sendcounts, const size_t* sdispls,
                                                    const shoal_tensor_t* output, const size_t* recvcounts,
                                                    const size_t* rdispls) {
-  return enter(comm, "shoal_alltoallv_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    if (input == nullptr || output == nullptr)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", call);
-    MemoryRoute route = routeOf(call, {input, output});
-    Layout send, recv;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          const size_t in = elementsOf(call, "input", input), out = elementsOf(call, "output", output);
-          sameDtype(call, *input, *output);
-          std::tie(send, recv) = checkAlltoallv(call, c, input->data, sendcounts, sdispls, output->data, recvcounts,
-                                                rdispls, input->dtype);
-          expectRoom(call, "input", *input, in, send.end, "sendcounts and sdispls");
-          expectRoom(call, "output", *output, out, recv.end, "recvcounts and rdispls");
-        },
-        [&] {
-          const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, false);
-          CallScope scope(c, signatureOf(CallKind::Alltoallv, input->dtype, -1, 0, -1, algorithm.name));
-          runAlltoallv(c, thisCall.sequence(), input->data, send, output->data, recv, true, algorithm);
-        },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"alltoallv", input->dtype, 0, -1, true, input->data, deviceBlocks(send, c.size),
-                                      output->data, deviceBlocks(recv, c.size)});
-        });
-  });
+  return alltoallTensor(comm, "shoal_alltoallv_tensor", CallKind::Alltoallv, input, output,
+                        [&](const char* call, const shoal_comm& c) {
+                          const size_t in = elementsOf(call, "input", input), out = elementsOf(call, "output", output);
+                          sameDtype(call, *input, *output);
+                          Exchanged layouts;
+                          std::tie(layouts.send, layouts.recv) = checkAlltoallv(
+                              call, c, input->data, sendcounts, sdispls, output->data, recvcounts, rdispls,
+                              input->dtype);
+                          expectRoom(call, "input", *input, in, layouts.send.end, "sendcounts and sdispls");
+                          expectRoom(call, "output", *output, out, layouts.recv.end, "recvcounts and rdispls");
+                          return layouts;
+                        });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_reduce_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
@@ -531,138 +607,51 @@ SHOAL_EXPORT shoal_status_t shoal_reduce_tensor(shoal_comm_t comm, const shoal_t
 
 SHOAL_EXPORT shoal_status_t shoal_gather_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                 const shoal_tensor_t* output, int root) {
-  return enter(comm, "shoal_gather_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const bool isRoot = c.rank == root;
-    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
-    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
-    size_t count = 0;
-    void* recv = nullptr;
-    Rooted rooted;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          count = elementsOf(call, "input", input);
-          if (isRoot) {
-            const size_t out = elementsOf(call, "output (on root)", output);
-            sameDtype(call, *input, *output);
-            checkedByteCount(call, "input elements x world size", count, input->dtype, c.size);
-            expectElements(call, "output (on root)", out, count * c.size, "world size x input");
-            recv = output->data;
-          }
-          rooted = checkGather(call, c, input->data, recv, count, input->dtype, root);
-        },
-        [&] { hostGather(c, thisCall.sequence(), CallKind::Gather, count, input->data, recv, rooted, input->dtype, root); },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"gather", input->dtype, count, root, false, input->data,
-                                      oneBlock(c.size, root, rooted.bytes), recv,
-                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0)});
-        });
-  });
+  return gatherTensor(comm, "shoal_gather_tensor", CallKind::Gather, input, output, root,
+                      [&](const char* call, const shoal_comm& c, size_t count, size_t out, void* recv) {
+                        if (c.rank == root) {
+                          checkedByteCount(call, "input elements x world size", count, input->dtype, c.size);
+                          expectElements(call, "output (on root)", out, count * c.size, "world size x input");
+                        }
+                        return checkGather(call, c, input->data, recv, count, input->dtype, root);
+                      });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_gatherv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                  const shoal_tensor_t* output, const size_t* recvcounts,
                                                  const size_t* displs, int root) {
-  return enter(comm, "shoal_gatherv_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const bool isRoot = c.rank == root;
-    if (input == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is NULL", call);
-    MemoryRoute route = routeOf(call, used({input}, output, isRoot));
-    size_t count = 0;
-    void* recv = nullptr;
-    Rooted rooted;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          count = elementsOf(call, "input", input);
-          size_t out = 0;
-          if (isRoot) {
-            out = elementsOf(call, "output (on root)", output);
-            sameDtype(call, *input, *output);
-            recv = output->data;
-          }
-          rooted = checkGatherv(call, c, input->data, count, recv, recvcounts, displs, input->dtype, root);
-          if (isRoot) expectRoom(call, "output (on root)", *output, out, rooted.layout.end, "recvcounts and displs");
-        },
-        [&] { hostGather(c, thisCall.sequence(), CallKind::Gatherv, 0, input->data, recv, rooted, input->dtype, root); },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"gatherv", input->dtype, 0, root, true, input->data,
-                                      oneBlock(c.size, root, rooted.bytes), recv,
-                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0)});
-        });
-  });
+  return gatherTensor(comm, "shoal_gatherv_tensor", CallKind::Gatherv, input, output, root,
+                      [&](const char* call, const shoal_comm& c, size_t count, size_t out, void* recv) {
+                        Rooted rooted =
+                            checkGatherv(call, c, input->data, count, recv, recvcounts, displs, input->dtype, root);
+                        if (c.rank == root)
+                          expectRoom(call, "output (on root)", *output, out, rooted.layout.end,
+                                     "recvcounts and displs");
+                        return rooted;
+                      });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_scatter_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                  const shoal_tensor_t* output, int root) {
-  return enter(comm, "shoal_scatter_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const bool isRoot = c.rank == root;
-    if (output == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL", call);
-    MemoryRoute route = routeOf(call, used({output}, input, isRoot));
-    size_t count = 0;
-    const void* send = nullptr;
-    Rooted rooted;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          count = elementsOf(call, "output", output);
-          if (isRoot) {
-            const size_t in = elementsOf(call, "input (on root)", input);
-            sameDtype(call, *input, *output);
-            checkedByteCount(call, "output elements x world size", count, output->dtype, c.size);
-            expectElements(call, "input (on root)", in, count * c.size, "world size x output");
-            send = input->data;
-          }
-          rooted = checkScatter(call, c, send, output->data, count, output->dtype, root);
-        },
-        [&] { hostScatter(c, thisCall.sequence(), CallKind::Scatter, count, send, output->data, rooted, output->dtype, root); },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"scatter", output->dtype, count, root, false, send,
-                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0),
-                                      output->data, oneBlock(c.size, root, rooted.bytes)});
-        });
-  });
+  return scatterTensor(comm, "shoal_scatter_tensor", CallKind::Scatter, input, output, root,
+                       [&](const char* call, const shoal_comm& c, size_t count, size_t in, const void* send) {
+                         if (c.rank == root) {
+                           checkedByteCount(call, "output elements x world size", count, output->dtype, c.size);
+                           expectElements(call, "input (on root)", in, count * c.size, "world size x output");
+                         }
+                         return checkScatter(call, c, send, output->data, count, output->dtype, root);
+                       });
 }
 
 SHOAL_EXPORT shoal_status_t shoal_scatterv_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
                                                   const size_t* sendcounts, const size_t* displs,
                                                   const shoal_tensor_t* output, int root) {
-  return enter(comm, "shoal_scatterv_tensor", [&](Call& thisCall) {
-    const char* call = thisCall.name();
-    shoal_comm& c = thisCall.comm();
-    const bool isRoot = c.rank == root;
-    if (output == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL", call);
-    MemoryRoute route = routeOf(call, used({output}, input, isRoot));
-    size_t count = 0;
-    const void* send = nullptr;
-    Rooted rooted;
-    tensorCall(
-        thisCall, route,
-        [&] {
-          count = elementsOf(call, "output", output);
-          size_t in = 0;
-          if (isRoot) {
-            in = elementsOf(call, "input (on root)", input);
-            sameDtype(call, *input, *output);
-            send = input->data;
-          }
-          rooted = checkScatterv(call, c, send, sendcounts, displs, output->data, count, output->dtype, root);
-          if (isRoot) expectRoom(call, "input (on root)", *input, in, rooted.layout.end, "sendcounts and displs");
-        },
-        [&] { hostScatter(c, thisCall.sequence(), CallKind::Scatterv, 0, send, output->data, rooted, output->dtype, root); },
-        [&] {
-          cudaExchange(c, thisCall.sequence(), route,
-                       DeviceExchange{"scatterv", output->dtype, 0, root, true, send,
-                                      isRoot ? deviceBlocks(rooted.layout, c.size) : oneBlock(c.size, root, 0),
-                                      output->data, oneBlock(c.size, root, rooted.bytes)});
-        });
-  });
+  return scatterTensor(comm, "shoal_scatterv_tensor", CallKind::Scatterv, input, output, root,
+                       [&](const char* call, const shoal_comm& c, size_t count, size_t in, const void* send) {
+                         Rooted rooted =
+                             checkScatterv(call, c, send, sendcounts, displs, output->data, count, output->dtype, root);
+                         if (c.rank == root)
+                           expectRoom(call, "input (on root)", *input, in, rooted.layout.end, "sendcounts and displs");
+                         return rooted;
+                       });
 }

@@ -145,7 +145,7 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_step(shoal_lowrank_plan_t plan, shoal_
     p.restart();
     bool callNumberUsed = false;
     auto nextSequence = [&] {
-      if (callNumberUsed) return c.sequence++;
+      if (callNumberUsed) return takeSequence(c);
       callNumberUsed = true;
       return step.sequence();
     };

@@ -19,6 +19,10 @@
 // So a send completes only when its receive has (like MPI_Ssend): two ranks
 // that both send first wait for each other until the deadline; post both
 // directions in one shoal_sendrecv_many instead.
+//
+// A call refused for its arguments fails the communicator: there is no
+// agreement round that could tell the peer, which would otherwise wait in the
+// matching call until its deadline (refuseFailingTheCommunicator).
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -26,6 +30,7 @@
 
 #include "comm/agree.h"
 #include "api/checks.h"
+#include "comm/call.h"
 #include "comm/communicator.h"
 #include "api/export.h"
 #include "api/guard.h"
@@ -59,13 +64,18 @@ std::string describeOp(const shoal_p2p_t& op) {
                      op.kind == SHOAL_P2P_SEND ? "to" : "from", op.peer, op.tag);
 }
 
+// The operation array of the grouped forms (a single send or recv passes one).
+void checkOps(const char* call, const void* ops, int n) {
+  if (n < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: n is {}; pass n >= 0", call, n);
+  if (n > 0 && ops == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ops is NULL but n is {}", call, n);
+}
+
 void checkOp(const char* call, const shoal_comm& c, const shoal_p2p_t& op, int index) {
   const std::string which = index < 0 ? std::string() : fmt::format("ops[{}]: ", index);
   if (op.kind != SHOAL_P2P_SEND && op.kind != SHOAL_P2P_RECV)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}kind {} is neither SHOAL_P2P_SEND nor SHOAL_P2P_RECV", call, which,
          static_cast<int>(op.kind));
-  if (op.peer < 0 || op.peer >= c.size)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}peer {} is not a rank; use 0..{}", call, which, op.peer, c.size - 1);
+  checkRank(call, which + "peer", op.peer, c.size);
   if (op.peer == c.rank)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}peer {} is this rank; copy the buffer instead of sending it to itself",
          call, which, op.peer);
@@ -95,6 +105,72 @@ void checkHeader(const char* call, const shoal_p2p_t& op, const Header& header, 
          call, op.peer, header.count, dtypeText(header.dtype), op.tag, describeOp(op));
 }
 
+// One call's messages: the tags of its phases, the headers it sends and
+// receives, and the requests it waits for last (its sends and their
+// acknowledgements). Requests point into it, so it stays where it was made.
+struct Exchange {
+  Exchange(shoal_comm& c, int n)
+      : transport(*c.transport), deadline(deadlineAfter(c.timeoutS)), signature(currentCallWord(c)),
+        outgoing(n), incoming(n) {}
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+
+  uint64_t tag(Phase phase, const shoal_p2p_t& op) const { return p2pTag(signature, phase, op.tag); }
+
+  Transport& transport;
+  const Deadline deadline;
+  const uint32_t signature;
+  std::vector<Header> outgoing, incoming;
+  std::vector<Transport::Request> later;
+  std::vector<int> receives;  // the receives' indices in ops
+  uint8_t ackByte = 0;
+};
+
+// The first round of both forms: every send's header (its data too when the
+// data travels over the host transport: `magic` is kHeaderMagic) and the
+// acknowledgement it waits for, then every receive's header, awaited and
+// checked against the receive.
+void postHeaders(Exchange& x, const char* call, const shoal_p2p_t* ops, int n, uint32_t magic) {
+  std::vector<Transport::Request> headers;
+  for (int i = 0; i < n; ++i) {
+    const shoal_p2p_t& op = ops[i];
+    if (op.kind == SHOAL_P2P_SEND) {
+      x.outgoing[i] = Header{op.count, static_cast<int32_t>(op.dtype), magic};
+      x.later.push_back(x.transport.isend(op.peer, x.tag(kHeader, op), &x.outgoing[i], sizeof(Header)));
+      if (magic == kHeaderMagic)
+        x.later.push_back(x.transport.isend(op.peer, x.tag(kData, op), op.buf, op.count * dtypeSize(op.dtype)));
+      x.later.push_back(x.transport.irecv(op.peer, x.tag(kAck, op), &x.ackByte, 0));
+    } else {
+      headers.push_back(x.transport.irecv(op.peer, x.tag(kHeader, op), &x.incoming[i], sizeof(Header)));
+      x.receives.push_back(i);
+    }
+  }
+  x.transport.waitAll(headers.data(), headers.size(), x.deadline);
+  for (int i : x.receives) checkHeader(call, ops[i], x.incoming[i], magic);
+}
+
+// The last round: every receive acknowledges its send (host memory: the data
+// arrived; CUDA memory: the "go"), then every outstanding request completes.
+void acknowledge(Exchange& x, const shoal_p2p_t* ops) {
+  for (int i : x.receives) x.later.push_back(x.transport.isend(ops[i].peer, x.tag(kAck, ops[i]), &x.ackByte, 0));
+  x.transport.waitAll(x.later.data(), x.later.size(), x.deadline);
+}
+
+// Posts and completes every operation (checked already), in three rounds so
+// that no rank waits for what its peer posts only later: headers and
+// outgoing data first, then the incoming data once its header is checked,
+// then the acknowledgements.
+void exchange(shoal_comm& c, const char* call, const shoal_p2p_t* ops, int n) {
+  Exchange x(c, n);
+  postHeaders(x, call, ops, n, kHeaderMagic);
+  std::vector<Transport::Request> data;
+  for (int i : x.receives)
+    data.push_back(x.transport.irecv(ops[i].peer, x.tag(kData, ops[i]), ops[i].buf,
+                                     ops[i].count * dtypeSize(ops[i].dtype)));
+  x.transport.waitAll(data.data(), data.size(), x.deadline);
+  acknowledge(x, ops);
+}
+
 // The CUDA form of exchange(): headers and a "go" back from every receiver
 // over the host transport (so a count, dtype or memory-kind disagreement
 // fails both sides there, before NCCL could wait on mismatched sizes), then
@@ -102,28 +178,11 @@ void checkHeader(const char* call, const shoal_p2p_t& op, const Header& header, 
 // the host transport by tag: both sides therefore order a pair's operations
 // by tag, then as posted.
 void exchangeCuda(shoal_comm& c, const char* call, const MemoryRoute& route, const shoal_p2p_t* ops, int n) {
-  Transport& transport = *c.transport;
-  const Deadline deadline = deadlineAfter(c.timeoutS);
-  const uint32_t signature = currentCallWord(c);
-  std::vector<Header> outgoing(n), incoming(n);
-  std::vector<Transport::Request> headers, later;
-  std::vector<int> receives;
-  uint8_t goByte = 0;
-  for (int i = 0; i < n; ++i) {
-    const shoal_p2p_t& op = ops[i];
-    if (op.kind == SHOAL_P2P_SEND) {
-      outgoing[i] = Header{op.count, static_cast<int32_t>(op.dtype), kHeaderMagicCuda};
-      later.push_back(transport.isend(op.peer, p2pTag(signature, kHeader, op.tag), &outgoing[i], sizeof(Header)));
-      later.push_back(transport.irecv(op.peer, p2pTag(signature, kAck, op.tag), &goByte, 0));
-    } else {
-      headers.push_back(transport.irecv(op.peer, p2pTag(signature, kHeader, op.tag), &incoming[i], sizeof(Header)));
-      receives.push_back(i);
-    }
+  {
+    Exchange x(c, n);
+    postHeaders(x, call, ops, n, kHeaderMagicCuda);
+    acknowledge(x, ops);
   }
-  transport.waitAll(headers.data(), headers.size(), deadline);
-  for (int i : receives) checkHeader(call, ops[i], incoming[i], kHeaderMagicCuda);
-  for (int i : receives) later.push_back(transport.isend(ops[i].peer, p2pTag(signature, kAck, ops[i].tag), &goByte, 0));
-  transport.waitAll(later.data(), later.size(), deadline);
   std::vector<int> order(n);
   for (int i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -135,56 +194,36 @@ void exchangeCuda(shoal_comm& c, const char* call, const MemoryRoute& route, con
   cudaSendRecv(c, route, device);
 }
 
-// Posts and completes every operation (checked already), in three rounds so
-// that no rank waits for what its peer posts only later: headers and
-// outgoing data first, then the incoming data once its header is checked,
-// then the acknowledgements.
-void exchange(shoal_comm& c, const char* call, const shoal_p2p_t* ops, int n) {
-  Transport& transport = *c.transport;
-  const Deadline deadline = deadlineAfter(c.timeoutS);
-  const uint32_t signature = currentCallWord(c);
-  std::vector<Header> outgoing(n), incoming(n);
-  std::vector<Transport::Request> headers, later;
-  std::vector<int> receives;
-  uint8_t ackByte = 0;
-  for (int i = 0; i < n; ++i) {
-    const shoal_p2p_t& op = ops[i];
-    const size_t bytes = op.count * dtypeSize(op.dtype);
-    if (op.kind == SHOAL_P2P_SEND) {
-      outgoing[i].count = op.count;
-      outgoing[i].dtype = op.dtype;
-      later.push_back(transport.isend(op.peer, p2pTag(signature, kHeader, op.tag), &outgoing[i], sizeof(Header)));
-      later.push_back(transport.isend(op.peer, p2pTag(signature, kData, op.tag), op.buf, bytes));
-      later.push_back(transport.irecv(op.peer, p2pTag(signature, kAck, op.tag), &ackByte, 0));
-    } else {
-      headers.push_back(transport.irecv(op.peer, p2pTag(signature, kHeader, op.tag), &incoming[i], sizeof(Header)));
-      receives.push_back(i);
-    }
+// Point-to-point has no agreement round: a peer waiting in the matching call
+// would hear of a refusal only at its deadline. So a refused call fails the
+// communicator, and the peer's call (any rank's next call) fails at once with
+// SHOAL_ERR_REMOTE and this rank's reason; this rank reports the refusal.
+template <typename Checks>
+void refuseFailingTheCommunicator(shoal_comm& c, Checks&& checks) {
+  try {
+    checks();
+  } catch (const Error& error) {
+    failCommunicator(c, fmt::format("rank {} refused its point-to-point call: {}", c.rank, error.what()),
+                     error.status());
+    throw;
   }
-  transport.waitAll(headers.data(), headers.size(), deadline);
-  std::vector<Transport::Request> data;
-  for (int i : receives) {
-    const shoal_p2p_t& op = ops[i];
-    checkHeader(call, op, incoming[i], kHeaderMagic);
-    data.push_back(transport.irecv(op.peer, p2pTag(signature, kData, op.tag), op.buf, op.count * dtypeSize(op.dtype)));
-  }
-  transport.waitAll(data.data(), data.size(), deadline);
-  for (int i : receives) later.push_back(transport.isend(ops[i].peer, p2pTag(signature, kAck, ops[i].tag), &ackByte, 0));
-  transport.waitAll(later.data(), later.size(), deadline);
 }
 
 // route: the memory of the tensor form's operations (nullptr: host buffers).
 void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops, int n, bool single,
                      const MemoryRoute* route = nullptr) {
   shoal_comm& c = usableComm(comm, call);
+  // Refused on this rank alone, the communicator kept: the runtime runs on
+  // every rank of a communicator, so its peers refuse their calls too.
   if (c.engine && c.engine->routesBlockingCalls())
     fail(SHOAL_ERR_INVALID_ARGUMENT,
          "{}: point-to-point calls are not available while the async runtime runs on this communicator (its engine "
          "orders collective calls across all ranks); use a communicator without it",
          call);
-  if (n < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: n is {}; pass n >= 0", call, n);
-  if (n > 0 && ops == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ops is NULL but n is {}", call, n);
-  for (int i = 0; i < n; ++i) checkOp(call, c, ops[i], single ? -1 : i);
+  refuseFailingTheCommunicator(c, [&] {
+    checkOps(call, ops, n);
+    for (int i = 0; i < n; ++i) checkOp(call, c, ops[i], single ? -1 : i);
+  });
   if (n == 0) return;
   CallScope scope(c, signatureOf(CallKind::SendRecv, -1, -1, 0));
   try {
@@ -192,27 +231,26 @@ void runPointToPoint(shoal_comm_t comm, const char* call, const shoal_p2p_t* ops
     else exchange(c, call, ops, n);
     c.transport->checkNotAborted();
   } catch (const Error& error) {
-    if (!c.transport->failed()) c.transport->abort(error.what(), error.status());
+    failCommunicator(c, error.what(), error.status());
     throw;
   }
+}
+
+// shoal_send and shoal_recv: a group of one.
+shoal_status_t sendOrRecv(shoal_comm_t comm, const char* call, shoal_p2p_t op) {
+  return guarded(comm, [&] { runPointToPoint(comm, call, &op, 1, true); });
 }
 
 }  // namespace
 
 SHOAL_EXPORT shoal_status_t shoal_send(shoal_comm_t comm, const void* buf, size_t count, shoal_dtype_t dtype,
                                        int peer, int tag) {
-  return guarded(comm, [&] {
-    shoal_p2p_t op{SHOAL_P2P_SEND, peer, tag, const_cast<void*>(buf), count, dtype};
-    runPointToPoint(comm, "shoal_send", &op, 1, true);
-  });
+  return sendOrRecv(comm, "shoal_send", {SHOAL_P2P_SEND, peer, tag, const_cast<void*>(buf), count, dtype});
 }
 
 SHOAL_EXPORT shoal_status_t shoal_recv(shoal_comm_t comm, void* buf, size_t count, shoal_dtype_t dtype, int peer,
                                        int tag) {
-  return guarded(comm, [&] {
-    shoal_p2p_t op{SHOAL_P2P_RECV, peer, tag, buf, count, dtype};
-    runPointToPoint(comm, "shoal_recv", &op, 1, true);
-  });
+  return sendOrRecv(comm, "shoal_recv", {SHOAL_P2P_RECV, peer, tag, buf, count, dtype});
 }
 
 SHOAL_EXPORT shoal_status_t shoal_sendrecv_many(shoal_comm_t comm, const shoal_p2p_t* ops, int n) {
@@ -223,26 +261,20 @@ SHOAL_EXPORT shoal_status_t shoal_sendrecv_many_tensor(shoal_comm_t comm, const 
   const char* call = "shoal_sendrecv_many_tensor";
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, call);
-    if (n < 0) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: n is {}; pass n >= 0", call, n);
-    if (n > 0 && ops == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: ops is NULL but n is {}", call, n);
-    std::vector<const shoal_tensor_t*> tensors;
-    for (int i = 0; i < n; ++i) tensors.push_back(&ops[i].tensor);
-    MemoryRoute route = routeOf(call, tensors);
-    std::vector<shoal_p2p_t> plain(n);
-    try {
+    MemoryRoute route;
+    std::vector<shoal_p2p_t> plain(n > 0 ? n : 0);
+    refuseFailingTheCommunicator(c, [&] {
+      checkOps(call, ops, n);
+      std::vector<const shoal_tensor_t*> tensors;
+      for (int i = 0; i < n; ++i) tensors.push_back(&ops[i].tensor);
+      route = routeOf(call, tensors);
       for (int i = 0; i < n; ++i) {
         const size_t count = checkedTensorElements(call, "ops[i].tensor", ops[i].tensor);
         plain[i] = {ops[i].kind, ops[i].peer, ops[i].tag, ops[i].tensor.data, count, ops[i].tensor.dtype};
       }
       checkCudaReady(c, call, route);
       if (route.refusal != SHOAL_OK) fail(route.refusal, "{}", route.why);
-    } catch (const Error& error) {
-      // Point-to-point has no agreement round: a CUDA call refused here
-      // fails the communicator, so its peers hear of it at once instead of
-      // waiting for their deadline (docs/collectives.md).
-      if (route.cuda && !c.transport->failed()) c.transport->abort(error.what(), error.status());
-      throw;
-    }
+    });
     runPointToPoint(comm, call, plain.data(), n, false, &route);
   });
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "collectives/collectives.h"
@@ -10,6 +11,27 @@
 #include "comm/communicator.h"
 
 namespace shoal {
+
+// The one place a sequence number is taken. Every API call takes one (its
+// Call), and so does every internal round beyond it: an allgatherv's counts,
+// a compressor's rounds, comm_split's two rounds, init's agreement and host
+// map, a low-rank step's further allreduces. The number is in every message's
+// tag, so ranks pair the rounds that took the same number: every rank must
+// take its numbers in one order, a refused call included. A round that some
+// rank skips (or runs alone) leaves that rank a number behind (ahead), and its
+// next messages meet its peers' of another number: every rank fails, TIMEOUT
+// or MISMATCH, instead of pairing unrelated rounds (unit.TakeSequence.*; the
+// shared segment counts its own rounds, so there a skipped round shows as a
+// wait that times out).
+inline uint64_t takeSequence(shoal_comm& comm) { return comm.sequence++; }
+
+// Fails the communicator after an error: peers are told over the transport
+// and, when they may wait in it, the shared segment (their calls fail with
+// `reason` at once instead of at their deadline).
+inline void failCommunicator(shoal_comm& comm, const std::string& reason, shoal_status_t status) {
+  if (!comm.transport->failed()) comm.transport->abort(reason, status);
+  if (comm.shm) comm.shm->abort(reason, status);
+}
 
 // Runs one collective with its call's sequence number and signature
 // (comm.call, comm/agree.h) over `transport`: the communicator's own, or a
@@ -32,8 +54,7 @@ void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, 
     body(context);
     comm.transport->checkNotAborted();
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
-    if (comm.shm) comm.shm->abort(error.what(), error.status());  // peers waiting in shared memory
+    failCommunicator(comm, error.what(), error.status());
     throw;
   }
 }
@@ -60,11 +81,11 @@ inline void emptyCall(shoal_comm& comm, uint64_t sequence) {
 // peers' current one. declare() states the call's signature once the
 // arguments are known; run() runs the call's collective with both. Internal
 // collectives the call needs beyond its own (an allgatherv's counts, a
-// compressor's rounds) take further numbers from comm.sequence, in the same
+// compressor's rounds) take further numbers with takeSequence, in the same
 // order on every rank.
 class Call {
  public:
-  Call(shoal_comm& comm, const char* name) : comm_(comm), name_(name), sequence_(comm.sequence++) {}
+  Call(shoal_comm& comm, const char* name) : comm_(comm), name_(name), sequence_(takeSequence(comm)) {}
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 

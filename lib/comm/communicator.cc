@@ -13,6 +13,7 @@
 #include <atomic>
 #include <unistd.h>
 
+#include "comm/call.h"
 #include "comm/describe.h"
 #include "comm/hosts.h"
 #include "comm/shm_setup.h"
@@ -55,7 +56,7 @@ std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, i
 void checkRanksAgree(shoal_comm& comm) {
   std::string settings = fmt::format("{}|{}|{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes,
                                      config::getInt("SHOAL_SHM_MAX_BYTES"), config::getInt("SHOAL_HIER_MIN_BYTES"));
-  if (!agree(comm, comm.sequence++, settings).same)
+  if (!agree(comm, takeSequence(comm), settings).same)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES, SHOAL_TREE_MAX_BYTES, SHOAL_SHM_MAX_BYTES or "
          "SHOAL_HIER_MIN_BYTES (this rank: {}): set them identically on every rank",

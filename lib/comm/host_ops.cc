@@ -54,7 +54,7 @@ size_t gatherCountsOn(shoal_comm& comm, Transport& transport, size_t count, std:
   counts[transport.rank()] = count;
   Blocks countBlocks =
       blocksFrom(std::vector<size_t>(size, 1).data(), nullptr, sizeof(size_t), size, comm.segmentBytes, size);
-  runCollectiveOn(comm, transport, comm.sequence++, [&](Context& context) {
+  runCollectiveOn(comm, transport, takeSequence(comm), [&](Context& context) {
     ringAllgather(context, reinterpret_cast<uint8_t*>(counts.data()), countBlocks);
   });
   displs.assign(size, 0);
@@ -73,7 +73,7 @@ void allgathervOn(shoal_comm& comm, Transport& transport, const void* send, size
   const size_t total = gatherCountsOn(comm, transport, count, counts, displs);
   gathered.resize(total * element);
   if (count > 0) std::memcpy(gathered.data() + displs[transport.rank()] * element, send, count * element);
-  const uint64_t sequence = comm.sequence++;
+  const uint64_t sequence = takeSequence(comm);
   const int size = transport.size();
   runCollectiveOn(comm, transport, sequence, [&](Context& context) {
     if (total == 0) {  // nothing to move, but the ranks still meet (emptyCall)
@@ -98,7 +98,7 @@ void allgathervBytes(shoal_comm& comm, const void* send, size_t count, shoal_dty
 
 void groupAllreduce(shoal_comm& comm, Transport& group, void* buffer, size_t count, shoal_dtype_t dtype,
                     shoal_op_t op) {
-  const uint64_t sequence = comm.sequence++;
+  const uint64_t sequence = takeSequence(comm);
   // The flat algorithm SHOAL_ALGO names, else the one auto picks for the group's size.
   const bool flat = comm.algorithm == "ring" || comm.algorithm == "tree" || comm.algorithm == "doubling";
   const AllreduceAlgorithm& algorithm =

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "collectives/common/host_layout.h"
+#include "comm/call.h"
 #include "core/config.h"
 #include "core/log.h"
 
@@ -81,7 +82,7 @@ void learnHosts(shoal_comm& comm) {
   if (comm.size > 1) {
     Blocks blocks = blocksFrom(std::vector<size_t>(comm.size, 1).data(), nullptr, sizeof(uint64_t), comm.size,
                                comm.segmentBytes, comm.size);
-    Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+    Context context(*comm.transport, takeSequence(comm), deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
     ringAllgather(context, reinterpret_cast<uint8_t*>(hostOf.data()), blocks);
   }
   adopt(comm, std::move(hostOf));

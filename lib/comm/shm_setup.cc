@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/call.h"
 #include "comm/communicator.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -31,7 +32,7 @@ namespace {
 // already moved on and failed a later call (that call reports it instead).
 template <typename Body>
 void initCollective(shoal_comm& comm, Body&& body) {
-  Context context(*comm.transport, comm.sequence++, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
+  Context context(*comm.transport, takeSequence(comm), deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch);
   context.shm = comm.shm.get();
   try {
     body(context);

@@ -132,13 +132,13 @@ std::unique_ptr<shoal_comm> splitComm(shoal_comm& parent, const char* call, cons
   // on every rank and leaves the parent usable; then the wiring, where any
   // failure aborts the parent so that every rank, in every group, fails.
   std::vector<SplitEntry> entries;
-  runCollective(parent, parent.sequence++, [&](Context& context) {
+  runCollective(parent, takeSequence(parent), [&](Context& context) {
     entries = exchangeEntries(parent, context, SplitEntry{request.color, request.key, request.listHash});
   });
   checkEntries(entries, call);
   if (!request.listError.empty()) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}", call, request.listError);
   const uint64_t splitIndex = parent.splits++;
-  runCollective(parent, parent.sequence++, [&](Context& context) {
+  runCollective(parent, takeSequence(parent), [&](Context& context) {
     if (request.color != SHOAL_SPLIT_UNDEFINED)
       child = connectChild(parent, groupOf(entries, request.color), request.color, splitIndex, attach);
     // Every rank got this far: none died or failed while its group wired up.

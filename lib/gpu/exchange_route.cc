@@ -52,7 +52,7 @@ void agreeOnCounts(shoal_comm& comm, const DeviceExchange& exchange) {
   std::memcpy(all.data(), gathered.data(), gathered.size());
   const std::string why = countsDisagreement(comm.rank, comm.size, all, exchange.recvBlocks.bytes,
                                              dtypeSize(exchange.dtype));
-  Agreement agreement = agree(comm, comm.sequence++, "cuda-counts", why.empty() ? SHOAL_OK : SHOAL_ERR_MISMATCH);
+  Agreement agreement = agree(comm, takeSequence(comm), "cuda-counts", why.empty() ? SHOAL_OK : SHOAL_ERR_MISMATCH);
   if (!why.empty()) fail(SHOAL_ERR_MISMATCH, "{} on CUDA tensors: {}", exchange.kind, why);
   if (agreement.refusal != SHOAL_OK)
     fail(SHOAL_ERR_MISMATCH, "{} on CUDA tensors: the counts of another pair of ranks disagree (that receiving "

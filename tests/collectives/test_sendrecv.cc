@@ -2,11 +2,12 @@
 // dtype and size (eager and rendezvous), in order per (peer, tag), around and
 // between collectives; a receive whose count or dtype differs fails on both
 // sides; a missing peer is an error within the deadline; bad arguments are
-// refused.
+// refused on the calling rank and fail its waiting peer at once.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -161,27 +162,51 @@ TEST(SendRecvErrors, AbsentPeerAndSendSendAreErrorsWithinTheDeadline) {
   }
 }
 
-TEST(SendRecvErrors, InvalidArguments) {
-  runRanks(2, [&](int rank, shoal_comm_t comm) {
-    float value[2] = {};
-    auto refused = [&](shoal_status_t status, const char* word, const char* what) {
-      EXPECT_EQ(status, SHOAL_ERR_INVALID_ARGUMENT) << what;
-      EXPECT_NE(std::string(shoal_last_error(comm)).find(word), std::string::npos) << what << ": "
-                                                                                   << shoal_last_error(comm);
-    };
-    refused(shoal_send(comm, value, 1, SHOAL_F32, 2, 0), "peer 2 is not a rank", "peer 2");
-    refused(shoal_send(comm, value, 1, SHOAL_F32, -1, 0), "peer -1", "peer -1");
-    refused(shoal_recv(comm, value, 1, SHOAL_F32, rank, 0), "is this rank", "self");
-    refused(shoal_send(comm, value, 1, SHOAL_F32, 1 - rank, -1), "tag -1", "tag -1");
-    refused(shoal_send(comm, value, 1, SHOAL_F32, 1 - rank, SHOAL_TAG_MAX + 1), "out of range", "tag too big");
-    refused(shoal_recv(comm, nullptr, 2, SHOAL_F32, 1 - rank, 0), "buf is NULL", "NULL buf");
-    refused(shoal_send(comm, value, 2, static_cast<shoal_dtype_t>(42), 1 - rank, 0), "dtype 42", "bad dtype");
-    refused(shoal_sendrecv_many(comm, nullptr, 2), "ops is NULL", "NULL ops");
-    refused(shoal_sendrecv_many(comm, nullptr, -1), "n is -1", "n -1");
-    shoal_p2p_t bad{static_cast<shoal_p2p_kind_t>(7), 1 - rank, 0, value, 1, SHOAL_F32};
-    refused(shoal_sendrecv_many(comm, &bad, 1), "ops[0]: kind 7", "bad kind");
-    EXPECT_EQ(shoal_sendrecv_many(comm, nullptr, 0), SHOAL_OK);
-    // Nothing was sent: the communicator still works.
+// Point-to-point has no agreement round, so a refused call fails the
+// communicator: rank 0 makes each bad call and reports it; rank 1, receiving
+// from rank 0, fails at once (well before the deadline) with rank 0's reason;
+// both ranks' next calls fail (docs/collectives.md).
+TEST(SendRecvErrors, InvalidArgumentsFailThePeerAtOnce) {
+  using Bad = std::function<shoal_status_t(shoal_comm_t, float*)>;
+  const std::vector<std::pair<const char*, Bad>> cases = {
+      {"peer 2 is not a rank", [](shoal_comm_t comm, float* v) { return shoal_send(comm, v, 1, SHOAL_F32, 2, 0); }},
+      {"peer -1", [](shoal_comm_t comm, float* v) { return shoal_send(comm, v, 1, SHOAL_F32, -1, 0); }},
+      {"is this rank", [](shoal_comm_t comm, float* v) { return shoal_recv(comm, v, 1, SHOAL_F32, 0, 0); }},
+      {"tag -1", [](shoal_comm_t comm, float* v) { return shoal_send(comm, v, 1, SHOAL_F32, 1, -1); }},
+      {"out of range",
+       [](shoal_comm_t comm, float* v) { return shoal_send(comm, v, 1, SHOAL_F32, 1, SHOAL_TAG_MAX + 1); }},
+      {"buf is NULL", [](shoal_comm_t comm, float*) { return shoal_recv(comm, nullptr, 2, SHOAL_F32, 1, 0); }},
+      {"dtype 42",
+       [](shoal_comm_t comm, float* v) { return shoal_send(comm, v, 2, static_cast<shoal_dtype_t>(42), 1, 0); }},
+      {"ops is NULL", [](shoal_comm_t comm, float*) { return shoal_sendrecv_many(comm, nullptr, 2); }},
+      {"n is -1", [](shoal_comm_t comm, float*) { return shoal_sendrecv_many(comm, nullptr, -1); }},
+      {"ops[0]: kind 7",
+       [](shoal_comm_t comm, float* v) {
+         shoal_p2p_t bad{static_cast<shoal_p2p_kind_t>(7), 1, 0, v, 1, SHOAL_F32};
+         return shoal_sendrecv_many(comm, &bad, 1);
+       }},
+  };
+  for (const auto& [words, bad] : cases) {
+    auto outcomes = runOutcomes(2, kTimeoutS, [&, bad = bad](int rank, shoal_comm_t comm) {
+      float value[2] = {};
+      return rank == 0 ? bad(comm, value) : shoal_recv(comm, value, 1, SHOAL_F32, 0, 0);
+    });
+    EXPECT_EQ(outcomes[0].status, SHOAL_ERR_INVALID_ARGUMENT) << words << ": " << outcomes[0].text;
+    EXPECT_NE(outcomes[0].text.find(words), std::string::npos) << words << ": " << outcomes[0].text;
+    EXPECT_EQ(outcomes[1].status, SHOAL_ERR_REMOTE) << words << ": " << outcomes[1].text;
+    EXPECT_NE(outcomes[1].text.find("rank 0 refused its point-to-point call"), std::string::npos)
+        << words << ": " << outcomes[1].text;
+    EXPECT_NE(outcomes[1].text.find(words), std::string::npos) << words << ": " << outcomes[1].text;
+    EXPECT_LT(outcomes[1].seconds, kTimeoutS / 2) << words << ": the peer waited";
+    for (int rank = 0; rank < 2; ++rank)
+      EXPECT_EQ(outcomes[rank].nextStatus, SHOAL_ERR_REMOTE) << words << ", rank " << rank << "'s next call";
+  }
+}
+
+// An empty group is no refusal: the communicator still works.
+TEST(SendRecvErrors, EmptyGroupIsFine) {
+  runRanks(2, [&](int, shoal_comm_t comm) {
+    EXPECT_EQ(shoal_sendrecv_many(comm, nullptr, 0), SHOAL_OK) << shoal_last_error(comm);
     EXPECT_EQ(shoal_barrier(comm), SHOAL_OK) << shoal_last_error(comm);
   });
 }

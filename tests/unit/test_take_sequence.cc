@@ -1,0 +1,66 @@
+// takeSequence (lib/comm/call.h), the one place a round takes its sequence
+// number: the numbers are consecutive, every API call takes one (a refused
+// call too), and a rank that took one more than its peers (an internal round
+// it ran alone, or one they skipped) no longer pairs its next call with
+// theirs: every rank fails within the deadline instead of combining unrelated
+// data. SHOAL_ALGO=ring keeps the allreduces on the transport, whose tags
+// carry the number (the shared segment counts its own rounds).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "comm/call.h"
+#include "harness/harness.h"
+
+namespace {
+
+using shoal::test::RankOptions;
+using shoal::test::runRanks;
+
+constexpr double kTimeoutS = 3;
+
+TEST(TakeSequence, EveryCallTakesOneNumberRefusedOrNot) {
+  runRanks(2, [](int, shoal_comm_t comm) {
+    const uint64_t first = shoal::takeSequence(*comm);
+    EXPECT_EQ(shoal::takeSequence(*comm), first + 1);
+    EXPECT_EQ(comm->sequence, first + 2);
+    int32_t value = 1, sum = 0;
+    ASSERT_EQ(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(comm->sequence, first + 3) << "a plain allreduce takes one number";
+    EXPECT_EQ(shoal_allreduce(comm, nullptr, &sum, 1, SHOAL_I32, SHOAL_SUM), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(comm->sequence, first + 4) << "a refused call takes its number too";
+    // Both ranks took the same numbers: the next call pairs up.
+    ASSERT_EQ(shoal_allreduce(comm, &value, &sum, 1, SHOAL_I32, SHOAL_SUM), SHOAL_OK) << shoal_last_error(comm);
+    EXPECT_EQ(sum, 2);
+  }, RankOptions{"ring", kTimeoutS});
+}
+
+TEST(TakeSequence, ANumberOneRankTookAloneFailsEveryRank) {
+  std::vector<shoal_status_t> status(2, SHOAL_OK);
+  std::vector<double> seconds(2, 0);
+  std::vector<std::string> text(2);
+  std::vector<int32_t> sums(2, -1);
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    int32_t value = rank + 1;
+    ASSERT_EQ(shoal_allreduce(comm, &value, &sums[rank], 1, SHOAL_I32, SHOAL_SUM), SHOAL_OK)
+        << shoal_last_error(comm);
+    ASSERT_EQ(sums[rank], 3);
+    if (rank == 1) shoal::takeSequence(*comm);  // a round rank 0 did not run
+    sums[rank] = -1;
+    const auto start = std::chrono::steady_clock::now();
+    status[rank] = shoal_allreduce(comm, &value, &sums[rank], 1, SHOAL_I32, SHOAL_SUM);
+    seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    text[rank] = shoal_last_error(comm);
+  }, RankOptions{"ring", kTimeoutS});
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(status[rank] == SHOAL_ERR_TIMEOUT || status[rank] == SHOAL_ERR_REMOTE ||
+                status[rank] == SHOAL_ERR_MISMATCH)
+        << "rank " << rank << ": " << shoal_status_string(status[rank]) << ": " << text[rank];
+    EXPECT_LT(seconds[rank], kTimeoutS + 4) << "rank " << rank;
+    EXPECT_NE(sums[rank], 3) << "rank " << rank << " paired calls of different numbers";
+  }
+}
+
+}  // namespace
