@@ -30,7 +30,7 @@ void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, 
   }
   try {
     body(context);
-    comm.transport->checkNotAborted();
+    if (!context.peersChecked) comm.transport->checkNotAborted();
   } catch (const Error& error) {
     if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
     if (comm.shm) comm.shm->abort(error.what(), error.status());  // peers waiting in shared memory
