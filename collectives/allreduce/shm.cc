@@ -6,10 +6,10 @@
 // (((x0 op x1) op x2) ...), so all ranks get the same bits, also for floats
 // and ops that are not associative in floating point.
 //
-// Each round ends with a look at the segment's abort word (exchange()), which
-// every rank that gives up on a call writes: so these algorithms mark the
-// context's peersChecked, and the call skips the transport's check (a UCX
-// progress call, most of a small call's cost on one host).
+// These algorithms mark the context's sharedSegmentOnly: the call's end-of-call
+// check for peers that gave up is then the segment's abort word, which every
+// rank that gives up on a call writes, instead of the transport's (a UCX
+// progress call, a third of a small call's cost on one host).
 #include <algorithm>
 #include <cstring>
 
@@ -54,7 +54,7 @@ void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size
     for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
   }
   reducer.finish(recv, count, context.size);
-  context.peersChecked = count > 0;  // exchange() looked at the abort word after the last round
+  context.sharedSegmentOnly = count > 0;
 }
 
 void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer) {
@@ -71,12 +71,12 @@ void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
                  context.transport, context.deadline);
     if (!isRoot) std::memcpy(data + first, shm.peerData(root), n);
   }
-  context.peersChecked = bytes > 0;
+  context.sharedSegmentOnly = bytes > 0;
 }
 
 void barrierShm(Context& context) {
   segmentOf(context).exchange({callWord(context), 0, 0, "barrier", context.tagBase}, nullptr, 0, context.transport, context.deadline);
-  context.peersChecked = true;
+  context.sharedSegmentOnly = true;
 }
 
 }  // namespace shoal

@@ -360,11 +360,9 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
     abort(error.what(), error.status());
     throw;
   }
-  // Every peer published this round, but one may have given up on it since
-  // (its deadline passed while this rank was late): then this rank fails the
-  // call too, as its peers did. The abort word is the notice: every rank that
-  // gives up on a call writes it (comm/call.h), and it is one load, where the
-  // transport's check would be a UCX progress call.
+}
+
+void SharedSegment::checkNotAborted() {
   if (uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
       word != 0)
     failFromAbortWord(word);
