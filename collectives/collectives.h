@@ -32,6 +32,8 @@ void allreduceRecursiveDoubling(Context& context, void* recv, size_t count, cons
 void allreduceHierarchical(Context& context, void* recv, size_t count, const Reducer& reducer);
 // Through the shared-memory segment (context.shm): ranks on one host only.
 void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer);
+// The same reading `send` into the segment directly (no copy into recv first).
+void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer);
 
 struct AllreduceAlgorithm {
   const char* name;

@@ -5,6 +5,11 @@
 // Every rank reduces every rank's slot itself, always in rank order
 // (((x0 op x1) op x2) ...), so all ranks get the same bits, also for floats
 // and ops that are not associative in floating point.
+//
+// These algorithms mark the context's sharedSegmentOnly: the call's end-of-call
+// check for peers that gave up is then the segment's abort word, which every
+// rank that gives up on a call writes, instead of the transport's (a UCX
+// progress call, a third of a small call's cost on one host).
 #include <algorithm>
 #include <cstring>
 
@@ -28,21 +33,32 @@ uint32_t callWord(const Context& context) {
 
 }  // namespace
 
-void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer) {
+void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer) {
   SharedSegment& shm = segmentOf(context);
   const size_t element = reducer.elementSize();
   const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
+  const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   for (size_t first = 0; first < count; first += perRound) {
     const size_t n = std::min(perRound, count - first);
     uint8_t* piece = out + first * element;
-    shm.exchange({callWord(context), count, first, "allreduce", context.tagBase}, piece, n * element, context.transport,
-                 context.deadline);
-    if (context.size == 1) continue;  // the piece is already the result
+    // The input goes straight into this rank's slot: out of place there is
+    // no copy into recv first (every rank reduces from the slots).
+    shm.exchange({callWord(context), count, first, "allreduce", context.tagBase}, in + first * element, n * element,
+                 context.transport, context.deadline);
+    if (context.size == 1) {
+      if (piece != in + first * element) std::memcpy(piece, in + first * element, n * element);
+      continue;
+    }
     reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
     for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
   }
   reducer.finish(recv, count, context.size);
+  context.sharedSegmentOnly = count > 0;
+}
+
+void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer) {
+  allreduceShmOutOfPlace(context, recv, recv, count, reducer);
 }
 
 void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
@@ -55,10 +71,12 @@ void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
                  context.transport, context.deadline);
     if (!isRoot) std::memcpy(data + first, shm.peerData(root), n);
   }
+  context.sharedSegmentOnly = bytes > 0;
 }
 
 void barrierShm(Context& context) {
   segmentOf(context).exchange({callWord(context), 0, 0, "barrier", context.tagBase}, nullptr, 0, context.transport, context.deadline);
+  context.sharedSegmentOnly = true;
 }
 
 }  // namespace shoal

@@ -51,6 +51,10 @@ struct Context {
   uint64_t nextSubTag = 0;
   const HostLayout* hosts = nullptr;  // set by the communicator; the hierarchical allreduce needs it
   SharedSegment* shm = nullptr;  // the communicator's shared-memory segment, where it has one
+  // Set by the shared-memory algorithms: the call ran through the segment
+  // only, so its end-of-call check for peers that gave up is the segment's
+  // abort word (one load) instead of the transport's (comm/call.h).
+  bool sharedSegmentOnly = false;
 
   // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.

@@ -69,7 +69,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
     // Memory kinds are checked again by the driver, which routes the call.
     MemoryRoute route = routeOf(name, {input, output});
-    checkCudaArguments(c, call.sequence(), route, [&] {
+    auto checks = [&] {
       if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", name,
              options->struct_size);
@@ -87,7 +87,10 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
       checkBuffer(name, "input->data", input->data, bytes);
       checkBuffer(name, "output->data", output->data, bytes);
       checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);
-    });
+    };
+    // A host call's refusal is thrown at once (no std::function on its path).
+    if (!route.cuda) checks();
+    else checkCudaArguments(c, call.sequence(), route, checks);
     call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
     allreduceTensor(c, call.sequence(), *input, *output, op, &resolved);
   });

@@ -52,7 +52,13 @@ void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, 
   }
   try {
     body(context);
-    comm.transport->checkNotAborted();
+    // A late rank fails a call its peers gave up on (transport.h): a call
+    // that ran through the shared segment only asks the segment's abort word
+    // (every rank that gives up writes it, below), which is one load where the
+    // transport's check is a UCX progress call; a communicator of one rank
+    // has no peers to ask.
+    if (context.sharedSegmentOnly) comm.shm->checkNotAborted();
+    else if (comm.size > 1) comm.transport->checkNotAborted();
   } catch (const Error& error) {
     failCommunicator(comm, error.what(), error.status());
     throw;

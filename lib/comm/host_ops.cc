@@ -39,6 +39,10 @@ void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorith
     return runCollective(comm, sequence, [&](Context& context) {
       allreduceRingOutOfPlace(context, send, recv, count, reducer);
     });
+  if (algorithm.run == allreduceShm)  // so does the shared segment (send goes into this rank's slot)
+    return runCollective(comm, sequence, [&](Context& context) {
+      allreduceShmOutOfPlace(context, send, recv, count, reducer);
+    });
   if (send != recv) std::memcpy(recv, send, bytes);
   runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
 }

@@ -54,9 +54,12 @@ void warmUp(shoal_comm& comm) {
   initCollective(comm, [&](Context& context) {
     allreduceRecursiveDoubling(context, words.data(), words.size(), Reducer(SHOAL_U64, SHOAL_BOR));
   });
-  // The ring with full segments (bounded at 4 MiB): ring neighbours, the
-  // rendezvous protocol, and its two receive slots.
-  const size_t ringBytes = std::min<size_t>(comm.segmentBytes * comm.size, 4 << 20) / 8 * 8;
+  // The ring at 4 MiB (at least full segments): ring neighbours, the
+  // rendezvous protocol, and its two receive slots, faulted in at the block
+  // size of a 4 MiB call (2 x 4 MiB / N resident; measured with
+  // shoal-first-calls: a 1 MiB first call at N = 2 took ~100 page faults when
+  // the warm-up stopped at 2 segments).
+  const size_t ringBytes = std::max<size_t>(comm.segmentBytes * comm.size, 4 << 20) / 8 * 8;
   words.assign(std::max<size_t>(ringBytes / 8, comm.size), 0);
   initCollective(comm, [&](Context& context) {
     allreduceRing(context, words.data(), words.size(), Reducer(SHOAL_U64, SHOAL_BOR));

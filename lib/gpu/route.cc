@@ -34,11 +34,11 @@ void MemoryRoute::refuse(shoal_status_t status, std::string text) {
   why = std::move(text);
 }
 
-MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t*> tensors) {
-  return routeOf(call, std::vector<const shoal_tensor_t*>(tensors));
-}
+namespace {
 
-MemoryRoute routeOf(const char* call, const std::vector<const shoal_tensor_t*>& tensors) {
+// Either overload's list, without copying it (every host allreduce asks twice).
+template <typename Tensors>
+MemoryRoute routeOfTensors(const char* call, const Tensors& tensors) {
   MemoryRoute route;
   bool host = false;
   for (const shoal_tensor_t* tensor : tensors) {
@@ -75,6 +75,16 @@ MemoryRoute routeOf(const char* call, const std::vector<const shoal_tensor_t*>& 
                              "between them: pass both in host memory or both in CUDA memory",
                              call));
   return route;
+}
+
+}  // namespace
+
+MemoryRoute routeOf(const char* call, std::initializer_list<const shoal_tensor_t*> tensors) {
+  return routeOfTensors(call, tensors);
+}
+
+MemoryRoute routeOf(const char* call, const std::vector<const shoal_tensor_t*>& tensors) {
+  return routeOfTensors(call, tensors);
 }
 
 void checkCudaReady(shoal_comm& comm, const char* call, MemoryRoute& route) {

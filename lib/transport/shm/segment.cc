@@ -270,7 +270,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
   auto* header = reinterpret_cast<SlotHeader*>(slot(peer, static_cast<int>(number & 1)));
   auto flag = atomicAt(header->number);
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
-  Clock::time_point nextLivenessCheck = Clock::now() + kLivenessPeriod;
+  Clock::time_point nextLivenessCheck{};  // from the first yield: the spin reads no clock
   // A failure seen while waiting counts only if the flag still has not come:
   // a rank that was descheduled may find its peers already past this round
   // and failed in a later call, and this round's data is complete.
@@ -287,7 +287,10 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
       cpuRelax();
       continue;
     }
-    if (polls == spinPolls_) yieldingSince = Clock::now();
+    if (polls == spinPolls_) {
+      yieldingSince = Clock::now();
+      nextLivenessCheck = yieldingSince + kLivenessPeriod;
+    }
     if (sleep > Clock::duration::zero()) std::this_thread::sleep_for(sleep);
     else sched_yield();
     if (polls % 16 != 0) continue;
@@ -339,8 +342,10 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   try {
     for (int step = 1; step < size_; ++step) {
       int peer = (rank_ + step) % size_;  // staggered: not every rank polls rank 0 first
-      waitFor(peer, number, round, transport, deadline);
-      const auto* theirs = reinterpret_cast<const SlotHeader*>(slot(peer, parity));
+      auto* theirs = reinterpret_cast<SlotHeader*>(slot(peer, parity));
+      // A peer already there costs one load; waitFor() spins, yields and checks.
+      if (atomicAt(theirs->number).load(std::memory_order_acquire) != number)
+        waitFor(peer, number, round, transport, deadline);
       if (theirs->word != round.word)
         throw Error(SHOAL_ERR_MISMATCH, describeSignatureMismatch(rank_, peer, round.word, theirs->word));
       if (theirs->count != round.count || theirs->offset != round.offset || theirs->bytes != bytes)
@@ -355,6 +360,12 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
     abort(error.what(), error.status());
     throw;
   }
+}
+
+void SharedSegment::checkNotAborted() {
+  if (uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
+      word != 0)
+    failFromAbortWord(word);
 }
 
 }  // namespace shoal

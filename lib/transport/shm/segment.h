@@ -65,6 +65,12 @@ class SharedSegment {
   void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, Deadline deadline);
   const uint8_t* peerData(int rank) const;
 
+  // Throws when a rank gave up on the communicator (the abort word; MISMATCH
+  // or REMOTE). One load: the end-of-call check of a call that ran through
+  // the segment only (comm/call.h), where every rank that gives up on a call
+  // writes the word. (Not after init's rounds: a late rank's init must not
+  // fail for its peers' later calls.)
+  void checkNotAborted();
   // Tells every rank in (or entering) a round that this rank gave up. Idempotent.
   void abort(const std::string& reason, shoal_status_t status);
 
