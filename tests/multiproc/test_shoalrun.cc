@@ -1,5 +1,6 @@
 // shoalrun as users see it: the environment each rank gets, prefixed output, fail-fast when a
 // rank dies, signal forwarding, and the usage errors. Ranks are small `sh -c` programs.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -249,6 +250,8 @@ TEST_F(ShoalrunTest, BadArgumentsAreUsageErrors) {
       {"--no-such-option", "-np", "2", "true"},
       {"--markdown"},
       {"-np", "2", "--timeout-s", "soon", "true"},
+      {"-np", "2", "--bind-to", "sockets", "true"},
+      {"-np", "2", "--bind-to"},
   };
   for (const auto& args : badArguments) {
     std::string joined;
@@ -256,6 +259,46 @@ TEST_F(ShoalrunTest, BadArgumentsAreUsageErrors) {
     RunResult result = run(args);
     EXPECT_EQ(result.exitCode, 2) << "shoalrun" << joined;
     EXPECT_NE(result.err.find("usage: shoalrun"), std::string::npos) << "shoalrun" << joined << ": " << result.err;
+  }
+}
+
+// Each rank's allowed CPUs as the kernel reports them ("[rank] 0-1").
+std::map<int, std::string> cpusOfRanks(const std::string& out) {
+  std::map<int, std::string> cpus;
+  std::regex pattern(R"(\[(\d+)\] Cpus_allowed_list:\s*(\S+))");
+  for (const std::string& line : lines(out)) {
+    std::smatch match;
+    if (std::regex_match(line, match, pattern)) cpus[std::stoi(match[1])] = match[2];
+  }
+  return cpus;
+}
+
+TEST_F(ShoalrunTest, RanksNoMoreThanCpusGetDisjointCpusUnlessBindToNone) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  const int cpus = CPU_COUNT(&allowed);
+  const std::vector<std::string> show = {"sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  auto withRanks = [&](int ranks, std::vector<std::string> options) {
+    std::vector<std::string> args = {"-np", std::to_string(ranks)};
+    args.insert(args.end(), options.begin(), options.end());
+    args.insert(args.end(), show.begin(), show.end());
+    return args;
+  };
+  if (cpus >= 2) {
+    RunResult bound = run(withRanks(2, {}));
+    ASSERT_EQ(bound.exitCode, 0) << bound.err;
+    std::map<int, std::string> cpusOf = cpusOfRanks(bound.out);
+    ASSERT_EQ(cpusOf.size(), 2u) << bound.out;
+    EXPECT_NE(cpusOf[0], cpusOf[1]) << "two ranks on " << cpus << " CPUs must not share them: " << bound.out;
+  }
+  // More ranks than CPUs, or --bind-to none: every rank keeps shoalrun's own CPUs.
+  for (const auto& args : {withRanks(cpus + 1, {}), withRanks(2, {"--bind-to", "none"})}) {
+    RunResult unbound = run(args);
+    ASSERT_EQ(unbound.exitCode, 0) << unbound.err;
+    std::map<int, std::string> cpusOf = cpusOfRanks(unbound.out);
+    ASSERT_FALSE(cpusOf.empty()) << unbound.out;
+    for (const auto& [rank, list] : cpusOf) EXPECT_EQ(list, cpusOf.begin()->second) << unbound.out;
+    EXPECT_EQ(CPU_COUNT(&allowed), cpus);
   }
 }
 

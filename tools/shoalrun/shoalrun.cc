@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -41,7 +42,7 @@ constexpr auto kDrainGrace = std::chrono::seconds(1);
 constexpr size_t kMaxLineBytes = 1 << 20;
 
 const char kUsage[] =
-    "usage: shoalrun -np N [--timeout-s S] [--] prog [args...]\n"
+    "usage: shoalrun -np N [--timeout-s S] [--bind-to cores|none] [--] prog [args...]\n"
     "       shoalrun --print-config [--markdown]\n"
     "       shoalrun --list-compressors\n"
     "       shoalrun --version\n";
@@ -63,6 +64,11 @@ const char kHelp[] =
     "options:\n"
     "  -np N, -n N          number of ranks to start (N >= 1)\n"
     "  --timeout-s S        stop the job if it is still running after S seconds (exit 124)\n"
+    "  --bind-to cores|none cores (default): when the ranks are no more than the CPUs shoalrun may\n"
+    "                       use, each rank gets its own equal share of them (2 ranks on 8 CPUs: 4\n"
+    "                       each), as mpirun binds; two ranks left on one core by the scheduler wait\n"
+    "                       for each other's time slice (about 12 us per small allreduce instead of\n"
+    "                       0.5). none: leave placement to the scheduler\n"
     "  --print-config       list every SHOAL_* variable with its default, value and meaning\n"
     "  --markdown           with --print-config: print a Markdown table\n"
     "  --list-compressors   list the compressors: built-ins and plugins on SHOAL_PLUGIN_PATH\n"
@@ -85,6 +91,7 @@ struct Options {
   bool listCompressors = false;
   bool help = false;
   bool version = false;
+  bool bindToCores = true;
   std::vector<std::string> command;
 };
 
@@ -138,6 +145,10 @@ Options parseArguments(int argc, char** argv) {
       std::string text = valueOf(arg);
       options.jobTimeoutSeconds = parsePositiveSeconds(text);
       if (!options.jobTimeoutSeconds) usageError("--timeout-s needs a positive number of seconds, not '" + text + "'");
+    } else if (arg == "--bind-to") {
+      const std::string text = valueOf(arg);
+      if (text != "cores" && text != "none") usageError("--bind-to takes cores or none, not '" + text + "'");
+      options.bindToCores = text == "cores";
     } else if (arg == "--print-config") {
       options.printConfig = true;
     } else if (arg == "--markdown") {
@@ -324,7 +335,29 @@ struct LaunchSettings {
   std::string store;   // empty: keep SHOAL_STORE from the environment
   std::string token;   // empty: keep SHOAL_TOKEN from the environment
   bool rankZeroReadsStdin = false;
+  // Each rank's CPUs (--bind-to cores); empty: no binding.
+  std::vector<cpu_set_t> rankCpus;
 };
+
+// Splits the CPUs this process may use into worldSize equal, disjoint shares
+// in CPU order (the remainder unused), or none when there are fewer CPUs than
+// ranks: oversubscribed ranks are better left to the scheduler.
+std::vector<cpu_set_t> shareCpus(int worldSize) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  if (worldSize <= 0 || static_cast<int>(cpus.size()) < worldSize) return {};
+  const size_t each = cpus.size() / worldSize;
+  std::vector<cpu_set_t> shares(worldSize);
+  for (int rank = 0; rank < worldSize; ++rank) {
+    CPU_ZERO(&shares[rank]);
+    for (size_t i = 0; i < each; ++i) CPU_SET(cpus[rank * each + i], &shares[rank]);
+  }
+  return shares;
+}
 
 [[noreturn]] void childExecFailed(int reportFd) {
   int error = errno;
@@ -352,6 +385,9 @@ struct LaunchSettings {
     if (devNull != STDIN_FILENO) close(devNull);
   }
   if (dup2(stdoutFd, STDOUT_FILENO) < 0 || dup2(stderrFd, STDERR_FILENO) < 0) childExecFailed(reportFd);
+  // Best effort: a rank that cannot be bound still runs.
+  if (!settings.rankCpus.empty())
+    [[maybe_unused]] int ignored = sched_setaffinity(0, sizeof(cpu_set_t), &settings.rankCpus[rankIndex]);
 
   std::string rank = std::to_string(rankIndex);
   std::string worldSize = std::to_string(settings.worldSize);
@@ -691,6 +727,7 @@ int main(int argc, char** argv) {
   }
   // A rank in its own process group that reads the terminal would be stopped (SIGTTIN).
   settings.rankZeroReadsStdin = !isatty(STDIN_FILENO);
+  if (options.bindToCores) settings.rankCpus = shareCpus(options.worldSize);
 
   raiseDescriptorLimitFor(options.worldSize);
   std::fflush(nullptr);  // nothing buffered may be written twice by the children
