@@ -40,9 +40,10 @@ struct AlltoallAlgorithm {
   bool uniformOnly;  // takes blocks of one size only (alltoall, not alltoallv)
 };
 const std::vector<AlltoallAlgorithm>& alltoallAlgorithms();
-// The algorithm for the communicator's SHOAL_ALGO value `name`: bruck where
-// it says bruck and the blocks have one size (`uniform`), else pairwise.
-const AlltoallAlgorithm& selectAlltoall(const std::string& name, bool uniform);
+// The algorithm for the communicator's SHOAL_ALGO value `name` and a send
+// buffer of `bytesPerRank`: for blocks of one size (`uniform`), bruck where it
+// says bruck, or under auto for small buffers; else pairwise.
+const AlltoallAlgorithm& selectAlltoall(const std::string& name, bool uniform, size_t bytesPerRank);
 
 // Binomial-tree reduce to root: recv (significant on root only) gets the
 // reduction of every rank's send, avg divided on root. send may equal recv on

@@ -16,11 +16,16 @@ const std::vector<AlltoallAlgorithm>& alltoallAlgorithms() {
   return table;
 }
 
-const AlltoallAlgorithm& selectAlltoall(const std::string& name, bool uniform) {
-  // SHOAL_ALGO names one algorithm for the whole communicator: bruck is the
-  // only alltoall one; every other value (auto, or another collective's
-  // algorithm) leaves alltoall pairwise.
-  const std::string_view wanted = name == "bruck" && uniform ? "bruck" : "pairwise";
+const AlltoallAlgorithm& selectAlltoall(const std::string& name, bool uniform, size_t bytesPerRank) {
+  // SHOAL_ALGO=bruck asks for Bruck, auto lets the size decide: up to
+  // kBruckMaxBytes of send buffer per rank Bruck's log2 n messages beat
+  // pairwise's n - 1 on one host (docs/collectives.md: 1.3-1.8x at n = 4 from
+  // 16 B to 4 KiB, slower from 64 KiB); any other value (another collective's
+  // algorithm) leaves alltoall pairwise. Every rank passes the same count
+  // (it is in the call's signature), so every rank chooses alike.
+  constexpr size_t kBruckMaxBytes = 16 * 1024;
+  const bool bruck = uniform && (name == "bruck" || (name == "auto" && bytesPerRank <= kBruckMaxBytes));
+  const std::string_view wanted = bruck ? "bruck" : "pairwise";
   for (const AlltoallAlgorithm& algorithm : alltoallAlgorithms())
     if (wanted == algorithm.name) return algorithm;
   fail(SHOAL_ERR_INTERNAL, "alltoall algorithm '{}' is missing from its table", wanted);

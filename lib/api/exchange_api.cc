@@ -96,7 +96,7 @@ void runAlltoallv(shoal_comm& c, uint64_t sequence, const void* sendbuf, const L
 void hostAlltoall(shoal_comm& c, uint64_t sequence, CallKind kind, shoal_dtype_t dtype, size_t count,
                   const void* sendbuf, const Layout& send, void* recvbuf, const Layout& recv) {
   const bool v = kind == CallKind::Alltoallv;
-  const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, !v);
+  const AlltoallAlgorithm& algorithm = selectAlltoall(c.algorithm, !v, send.end);
   CallScope scope(c, signatureOf(kind, dtype, -1, v ? 0 : count, -1, algorithm.name));
   runAlltoallv(c, sequence, sendbuf, send, recvbuf, recv, v, algorithm);
 }

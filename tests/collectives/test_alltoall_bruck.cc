@@ -50,11 +50,16 @@ size_t bruckBlocksSent(int n) {
 }
 
 TEST(AlltoallBruck, TableAndChoice) {
-  EXPECT_STREQ(shoal::selectAlltoall("bruck", true).name, "bruck");
-  EXPECT_TRUE(shoal::selectAlltoall("bruck", true).run == &shoal::alltoallBruck);
-  EXPECT_STREQ(shoal::selectAlltoall("bruck", false).name, "pairwise");  // alltoallv: blocks of many sizes
-  for (const char* other : {"auto", "", "ring", "hierarchical", "shm"})
-    EXPECT_STREQ(shoal::selectAlltoall(other, true).name, "pairwise") << other;
+  EXPECT_STREQ(shoal::selectAlltoall("bruck", true, 1 << 20).name, "bruck");
+  EXPECT_TRUE(shoal::selectAlltoall("bruck", true, 8).run == &shoal::alltoallBruck);
+  EXPECT_STREQ(shoal::selectAlltoall("bruck", false, 8).name, "pairwise");  // alltoallv: blocks of many sizes
+  // auto: Bruck for small send buffers (up to 16 KiB per rank), pairwise above and for alltoallv.
+  EXPECT_STREQ(shoal::selectAlltoall("auto", true, 0).name, "bruck");
+  EXPECT_STREQ(shoal::selectAlltoall("auto", true, 16 * 1024).name, "bruck");
+  EXPECT_STREQ(shoal::selectAlltoall("auto", true, 16 * 1024 + 1).name, "pairwise");
+  EXPECT_STREQ(shoal::selectAlltoall("auto", false, 8).name, "pairwise");
+  for (const char* other : {"", "ring", "hierarchical", "shm"})
+    EXPECT_STREQ(shoal::selectAlltoall(other, true, 8).name, "pairwise") << other;
   ASSERT_EQ(shoal::alltoallAlgorithms().size(), 2u);
   for (const shoal::AlltoallAlgorithm& algorithm : shoal::alltoallAlgorithms())
     EXPECT_GT(std::string(algorithm.description).size(), 20u) << algorithm.name;
