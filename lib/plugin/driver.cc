@@ -284,7 +284,7 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
         } else if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE && group) {
           groupAllreduce(comm, *group, payload.buffer, payload.count, payload.dtype, payload.op);
         } else if (payload.collective == SHOAL_COLLECTIVE_ALLREDUCE) {
-          plainAllreduce(comm, comm.sequence++, payload.buffer, payload.buffer, payload.count, payload.dtype,
+          plainAllreduce(comm, takeSequence(comm), payload.buffer, payload.buffer, payload.count, payload.dtype,
                          payload.op);
         } else {
           GatherSpace& space = gathers[p];
@@ -385,7 +385,7 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
   tensors[0].output = tensors[0].input;  // in place
   tensors[0].name = tensorName;
   tensors[0].state = state;
-  runCompressed(comm, comm.sequence++, instance, tensors, SHOAL_SUM, agreement, stats, MemoryRoute(), nullptr,
+  runCompressed(comm, takeSequence(comm), instance, tensors, SHOAL_SUM, agreement, stats, MemoryRoute(), nullptr,
                 &legs.acrossHosts());
   if (op == SHOAL_AVG) Reducer(input.dtype, SHOAL_AVG).finish(tensors[0].output.data, legs.shardCount(), comm.size);
 

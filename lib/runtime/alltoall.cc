@@ -44,7 +44,7 @@ void runAlltoall(shoal_comm& comm, Request& r, Timeline* timeline) {
     const std::vector<size_t> word(comm.size, sizeof(uint64_t));
     std::vector<size_t> place(comm.size);
     for (int p = 0; p < comm.size; ++p) place[p] = p * sizeof(uint64_t);
-    runCollective(comm, comm.sequence++, [&](Context& context) {
+    runCollective(comm, takeSequence(comm), [&](Context& context) {
       alltoallvPairwise(context, reinterpret_cast<const uint8_t*>(out.data()), {word.data(), place.data()},
                         reinterpret_cast<uint8_t*>(in.data()), {word.data(), place.data()});
     });
@@ -54,7 +54,7 @@ void runAlltoall(shoal_comm& comm, Request& r, Timeline* timeline) {
   }
   const PeerLayout send = packed(r.sendcounts, element), recv = packed(r.recvcounts, element);
   r.received.resize(recv.total);
-  runCollective(comm, comm.sequence++, [&](Context& context) {
+  runCollective(comm, takeSequence(comm), [&](Context& context) {
     alltoallvPairwise(context, static_cast<const uint8_t*>(r.input.data), send.view(), r.received.data(),
                       recv.view());
   });

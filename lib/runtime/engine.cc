@@ -218,7 +218,7 @@ void Engine::ensureStarted(const char* call) {
   const std::string agreement = settings.agreement();
   Agreement agreed;
   try {
-    agreed = agree(comm_, comm_.sequence++, agreement, timelineError.empty() ? SHOAL_OK : SHOAL_ERR_SYSTEM);
+    agreed = agree(comm_, takeSequence(comm_), agreement, timelineError.empty() ? SHOAL_OK : SHOAL_ERR_SYSTEM);
   } catch (const Error& error) {
     fail(error.status(),
          "{}: starting the async runtime failed (a collective step: every rank must make its first async call, or "
@@ -537,7 +537,7 @@ bool Engine::cycle() {
     lastProbe_ = start;
   }
   words[0] = ~((needFullRound ? kFlagNeedFullRound : 0) | (localShutdown ? kFlagShutdown : 0));
-  exchangeFlags(comm_, comm_.sequence++, words);
+  exchangeFlags(comm_, takeSequence(comm_), words);
   const bool anyFullRound = !(words[0] & kFlagNeedFullRound);
   const bool anyShutdown = !(words[0] & kFlagShutdown);
 

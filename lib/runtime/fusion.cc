@@ -37,7 +37,7 @@ void runPlainAllreduce(shoal_comm& comm, Group& group, std::vector<uint8_t>& fus
   if (group.members.size() == 1) {  // nothing to fuse: straight from input to output
     Request& r = *group.members.front()->request;
     Clock::time_point begin = Clock::now();
-    plainAllreduce(comm, comm.sequence++, r.input.data, r.output.data, r.meta.elements(), r.meta.dtype, r.meta.op);
+    plainAllreduce(comm, takeSequence(comm), r.input.data, r.output.data, r.meta.elements(), r.meta.dtype, r.meta.op);
     spanAll(timeline, group, "ALLREDUCE", begin, fmt::format("\"bytes\": {}", r.meta.bytes()));
     return;
   }
@@ -55,7 +55,7 @@ void runPlainAllreduce(shoal_comm& comm, Group& group, std::vector<uint8_t>& fus
   const std::string fused = fmt::format("\"fused\": {}, \"bytes\": {}", group.members.size(), total * element);
   spanAll(timeline, group, "MEMCPY_IN_FUSION", begin, fused);
   begin = Clock::now();
-  plainAllreduce(comm, comm.sequence++, fusionBuffer.data(), fusionBuffer.data(), total, first.dtype, first.op);
+  plainAllreduce(comm, takeSequence(comm), fusionBuffer.data(), fusionBuffer.data(), total, first.dtype, first.op);
   spanAll(timeline, group, "ALLREDUCE", begin, fused);
   begin = Clock::now();
   offset = 0;
@@ -86,7 +86,7 @@ void runCompressedAllreduce(shoal_comm& comm, Group& group, Timeline* timeline) 
     for (const Ready* member : group.members)
       timeline->span(member->request->name, phase.c_str(), event.begin, event.end, args);
   };
-  allreduceCompressedGroup(comm, comm.sequence++, first.compressor, first.options, tensors, first.op,
+  allreduceCompressedGroup(comm, takeSequence(comm), first.compressor, first.options, tensors, first.op,
                            timeline ? &observer : nullptr);
 }
 
@@ -95,7 +95,7 @@ void runAllgather(shoal_comm& comm, Request& r, Timeline* timeline, const Group&
   const size_t count = r.meta.elements();
   const size_t bytes = count * element;
   auto* out = static_cast<uint8_t*>(r.output.data);
-  const uint64_t sequence = comm.sequence++;
+  const uint64_t sequence = takeSequence(comm);
   if (bytes > 0 && out + comm.rank * bytes != r.input.data) std::memmove(out + comm.rank * bytes, r.input.data, bytes);
   if (bytes == 0) return emptyCall(comm, sequence);
   Clock::time_point begin = Clock::now();
@@ -107,7 +107,7 @@ void runAllgather(shoal_comm& comm, Request& r, Timeline* timeline, const Group&
 
 void runBroadcast(shoal_comm& comm, Request& r, Timeline* timeline, const Group& group) {
   const size_t bytes = r.meta.bytes();
-  const uint64_t sequence = comm.sequence++;
+  const uint64_t sequence = takeSequence(comm);
   if (bytes == 0) return emptyCall(comm, sequence);
   Clock::time_point begin = Clock::now();
   bool tree = comm.algorithm == "tree" || (comm.algorithm != "ring" && bytes <= comm.treeMaxBytes);
