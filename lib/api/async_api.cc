@@ -147,8 +147,7 @@ SHOAL_EXPORT shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char* name
   const char* call = "shoal_ibroadcast";
   return submit(comm, call, request, [&](shoal_comm& c) {
     checkName(call, name);
-    if (root < 0 || root >= c.size)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", call, root, c.size - 1);
+    checkRank(call, "root", root, c.size);
     auto r = std::make_shared<runtime::Request>();
     r->name = name;
     r->meta.kind = OpKind::Broadcast;

@@ -167,8 +167,7 @@ void broadcastBody(Call& call, const void* sendbuf, void* recvbuf, size_t count,
   const char* name = call.name();
   shoal_comm& c = call.comm();
   checkDtype(name, dtype);
-  if (root < 0 || root >= c.size)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", name, root, c.size - 1);
+  checkRank(name, "root", root, c.size);
   size_t bytes = checkedBytes(name, "count", count, dtype);
   if (c.rank == root) checkBuffer(name, "sendbuf (on root)", sendbuf, bytes);
   checkBuffer(name, "recvbuf", recvbuf, bytes);
@@ -247,8 +246,7 @@ SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoa
       count = checkedElements(name, "tensor", tensor);
       checkDtype(name, tensor->dtype);
       checkBuffer(name, "tensor->data", tensor->data, count * dtypeSize(tensor->dtype));
-      if (root < 0 || root >= c.size)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: root {} is not a rank; use 0..{}", name, root, c.size - 1);
+      checkRank(name, "root", root, c.size);
     };
     if (!route.cuda) {
       checks();

@@ -31,6 +31,29 @@ inline uint64_t loadElement(const std::vector<uint8_t>& buffer, const DType& t, 
   return bits;
 }
 
+// An alltoall's blocks: rank `rank`'s send buffer holds, for each peer `to`,
+// the block of `count` elements meant for it; after the call block `from` of
+// recv must be what rank `from` meant for this rank.
+inline void fillSend(std::vector<uint8_t>& send, const DType& t, int rank, int n, size_t count) {
+  send.assign(count * n * t.bytes, 0);
+  for (int to = 0; to < n; ++to)
+    for (size_t i = 0; i < count; ++i) storeElement(send, t, to * count + i, elementBits(t, rank, to, i));
+}
+
+inline void checkReceived(const std::vector<uint8_t>& recv, const DType& t, int rank, int n, size_t count,
+                   const std::string& what) {
+  int wrong = 0;
+  for (int from = 0; from < n && wrong < 5; ++from)
+    for (size_t i = 0; i < count && wrong < 5; ++i) {
+      uint64_t got = loadElement(recv, t, from * count + i), want = elementBits(t, from, rank, i);
+      if (got != want) {
+        ++wrong;
+        ADD_FAILURE() << what << ": rank " << rank << ", block from " << from << ", element " << i << ": got 0x"
+                      << std::hex << got << ", want 0x" << want;
+      }
+    }
+}
+
 struct RankOutcome {
   shoal_status_t status = SHOAL_OK;
   double seconds = 0;

@@ -15,27 +15,6 @@ namespace {
 
 using namespace shoal::test;
 
-// Element i of the block rank `from` sends to rank `to`.
-void fillSend(std::vector<uint8_t>& send, const DType& t, int rank, int n, size_t count) {
-  send.assign(count * n * t.bytes, 0);
-  for (int to = 0; to < n; ++to)
-    for (size_t i = 0; i < count; ++i) storeElement(send, t, to * count + i, elementBits(t, rank, to, i));
-}
-
-void checkReceived(const std::vector<uint8_t>& recv, const DType& t, int rank, int n, size_t count,
-                   const std::string& what) {
-  int wrong = 0;
-  for (int from = 0; from < n && wrong < 5; ++from)
-    for (size_t i = 0; i < count && wrong < 5; ++i) {
-      uint64_t got = loadElement(recv, t, from * count + i), want = elementBits(t, from, rank, i);
-      if (got != want) {
-        ++wrong;
-        ADD_FAILURE() << what << ": rank " << rank << ", block from " << from << ", element " << i << ": got 0x"
-                      << std::hex << got << ", want 0x" << want;
-      }
-    }
-}
-
 TEST(Alltoall, EveryDtypeRankCountAndCount) {
   for (int n = 1; n <= 5; ++n)
     runRanks(n, [&](int rank, shoal_comm_t comm) {
