@@ -8,11 +8,12 @@
 #
 #   bench/netns/hierarchical.sh [--build DIR] [--hosts H] [--per-host K] [--rate 1gbit]
 #                               [--size 64M] [--repeats 3] [--iters 5] [--compressor NAME]
+#                               [--shape RxC]   (one matrix instead of --size: powersgd needs one)
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$here/../../build"
-hosts=2 per_host=2 rate=1gbit size=64M repeats=3 iters=5
+hosts=2 per_host=2 rate=1gbit size=64M shape= repeats=3 iters=5
 compress=()
 name=shoalhier subnet=10.213.0
 while (($#)); do
@@ -25,6 +26,7 @@ while (($#)); do
     --repeats) repeats="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
     --compressor) compress=(--compressor "$2"); shift 2 ;;
+    --shape) shape="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "hierarchical.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -32,6 +34,8 @@ done
 bench="$build/bin/shoal-bench"
 [[ -x "$bench" ]] || { echo "hierarchical.sh: $bench not built (target shoal-bench)" >&2; exit 1; }
 
+sizing=(-b "$size" -e "$size")
+[ -n "$shape" ] && sizing=(--shape "$shape")
 "$here/cluster.sh" up "$hosts" --rate "$rate" --name "$name" --subnet "$subnet" >&2 || exit $?
 trap '"$here/cluster.sh" down --name "$name" >&2' EXIT
 out=$(mktemp -d)
@@ -40,7 +44,7 @@ for ((i = 1; i <= repeats; i++)); do
   for algo in ring hierarchical; do
     json="$out/$algo.$i.json"
     "$here/run.sh" --name "$name" --ranks-per-host "$per_host" --timeout-s 300 \
-      "$bench" allreduce -b "$size" -e "$size" -n "$iters" -w 1 -c 1 --algo "$algo" "${compress[@]}" -J "$json" > "$out/$algo.$i.log" 2>&1 ||
+      "$bench" allreduce "${sizing[@]}" -n "$iters" -w 1 -c 1 --algo "$algo" "${compress[@]}" -J "$json" > "$out/$algo.$i.log" 2>&1 ||
       { echo "hierarchical.sh: $algo run $i failed:" >&2; cat "$out/$algo.$i.log" >&2; exit 1; }
   done
 done
@@ -48,10 +52,10 @@ done
 # do not depend on how busy the machine's CPUs are.
 for algo in ring hierarchical; do
   "$here/wire.sh" --name "$name" "$out/$algo.wire.json" -- "$here/run.sh" --name "$name" --ranks-per-host "$per_host" \
-    --timeout-s 300 "$bench" allreduce -b "$size" -e "$size" -n 1 -w 0 -c 0 --algo "$algo" "${compress[@]}" > "$out/$algo.wire.log" 2>&1 ||
+    --timeout-s 300 "$bench" allreduce "${sizing[@]}" -n 1 -w 0 -c 0 --algo "$algo" "${compress[@]}" > "$out/$algo.wire.log" 2>&1 ||
     { echo "hierarchical.sh: $algo wire run failed:" >&2; cat "$out/$algo.wire.log" >&2; exit 1; }
 done
-python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "$size" "${compress[1]:-none}" <<'PY'
+python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "${shape:-$size}" "${compress[1]:-none}" <<'PY'
 import json, statistics, sys
 out, repeats, hosts, per_host, rate, size, compressor = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 def seconds(path):
