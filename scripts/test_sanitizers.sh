@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer configurations of the test command (docs/reliability.md):
 #   1. ASan+UBSan, clang, CPU-only (build-asan): the unit, collectives,
-#      compressors and runtime labels (multiproc runs in the main build). The
+#      compressors and runtime labels, built and run (multiproc runs in the main build). The
 #      same tree holds the libFuzzer targets (SHOAL_FUZZ=ON) that
 #      scripts/test_fuzz.sh runs.
 #   2. TSan, clang, CPU-only (build-tsan): only what the runtime label needs.
@@ -57,7 +57,12 @@ step() {
 if [ "$which" = all ] || [ "$which" = asan ]; then
   echo "== ASan+UBSan configuration ($asan) =="
   step "asan configure" cmake -S . -B "$asan" "${clang[@]}" -DSHOAL_SANITIZE=address,undefined -DSHOAL_FUZZ=ON
-  step "asan build" cmake --build "$asan" -j "$jobs"
+  # Only what the ASan run uses: the test programs of its labels, shoalrun (the README table
+  # test) and what they depend on; the multiproc and aggregate programs run in the main build.
+  asan_targets="shoalrun $(for label in unit collectives compressors runtime; do
+    (cd "tests/$label" && ls ./*.cc | sed 's|^\./||; s|\.cc$||'); done)"
+  # shellcheck disable=SC2086
+  step "asan build" cmake --build "$asan" -j "$jobs" --target $asan_targets
   # install.* build consumers with the system compiler against the installed
   # library: meaningful in the main build (where they run), not here.
   step "asan tests" ctest --test-dir "$asan" --output-on-failure --timeout 900 -j "$jobs" \
