@@ -71,7 +71,7 @@ TEST(LogLevels, InfoOncePerCommunicatorDebugOncePerCall) {
               2)
         << err;
     // Ranks that are threads of one process share a host: small allreduces take the shared segment.
-    EXPECT_EQ(countMatches(err, me + "allreduce algorithm auto: shared memory up to 65536 bytes \\(SHOAL_SHM_MAX_BYTES\\), "
+    EXPECT_EQ(countMatches(err, me + "allreduce algorithm auto: shared memory up to 262144 bytes \\(SHOAL_SHM_MAX_BYTES\\), "
                                      "then recursive doubling up to 65536 bytes"),
               2)
         << err;
