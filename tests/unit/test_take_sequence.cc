@@ -3,8 +3,9 @@
 // call too), and a rank that took one more than its peers (an internal round
 // it ran alone, or one they skipped) no longer pairs its next call with
 // theirs: every rank fails within the deadline instead of combining unrelated
-// data. SHOAL_ALGO=ring keeps the allreduces on the transport, whose tags
-// carry the number (the shared segment counts its own rounds).
+// data, on the transport (SHOAL_ALGO=ring: its tags carry the number) and on
+// the shared segment (auto on one host: its slots carry the call's tag, since
+// the segment counts its own rounds).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -37,7 +38,9 @@ TEST(TakeSequence, EveryCallTakesOneNumberRefusedOrNot) {
   }, RankOptions{"ring", kTimeoutS});
 }
 
-TEST(TakeSequence, ANumberOneRankTookAloneFailsEveryRank) {
+class TakeSequencePaths : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TakeSequencePaths, ANumberOneRankTookAloneFailsEveryRank) {
   std::vector<shoal_status_t> status(2, SHOAL_OK);
   std::vector<double> seconds(2, 0);
   std::vector<std::string> text(2);
@@ -53,7 +56,7 @@ TEST(TakeSequence, ANumberOneRankTookAloneFailsEveryRank) {
     status[rank] = shoal_allreduce(comm, &value, &sums[rank], 1, SHOAL_I32, SHOAL_SUM);
     seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     text[rank] = shoal_last_error(comm);
-  }, RankOptions{"ring", kTimeoutS});
+  }, RankOptions{GetParam(), kTimeoutS});
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(status[rank] == SHOAL_ERR_TIMEOUT || status[rank] == SHOAL_ERR_REMOTE ||
                 status[rank] == SHOAL_ERR_MISMATCH)
@@ -61,6 +64,15 @@ TEST(TakeSequence, ANumberOneRankTookAloneFailsEveryRank) {
     EXPECT_LT(seconds[rank], kTimeoutS + 4) << "rank " << rank;
     EXPECT_NE(sums[rank], 3) << "rank " << rank << " paired calls of different numbers";
   }
+  if (std::string(GetParam()) == "shm") {  // the segment tells at once, with text
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_LT(seconds[rank], 1.0) << "rank " << rank << ": " << text[rank];
+      EXPECT_NE(text[rank].find("different calls"), std::string::npos) << "rank " << rank << ": " << text[rank];
+    }
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, TakeSequencePaths, ::testing::Values("ring", "shm"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -50,6 +50,7 @@ struct SlotHeader {
   uint64_t count;
   uint64_t offset;
   uint64_t bytes;
+  uint64_t tag;  // the call's transport tag: its signature and sequence number
 };
 static_assert(sizeof(SlotHeader) <= kLine);
 
@@ -338,6 +339,7 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   header->count = round.count;
   header->offset = round.offset;
   header->bytes = bytes;
+  header->tag = round.tag;
   atomicAt(header->number).store(number, std::memory_order_release);
   try {
     for (int step = 1; step < size_; ++step) {
@@ -355,6 +357,16 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
                                 "rank must make the same calls in the same order with the same arguments",
                                 round.what, rank_, round.count, bytes, round.offset, peer, theirs->count,
                                 theirs->bytes, theirs->offset));
+      // The segment counts its own rounds, so ranks whose sequence numbers
+      // drifted apart (a call or an internal round made on one rank only)
+      // would still meet here: the tag carries the number and tells them apart.
+      if (theirs->tag != round.tag)
+        throw Error(SHOAL_ERR_MISMATCH,
+                    fmt::format("ranks are in different calls: in the shared-memory {}, rank {} has call tag {:#x} "
+                                "and rank {} has {:#x} (the same collective, but not the same call of the "
+                                "communicator: one rank made a call, or ran an internal round, that the other did "
+                                "not). Every rank must make the same calls in the same order",
+                                round.what, rank_, round.tag, peer, theirs->tag));
     }
   } catch (const Error& error) {
     abort(error.what(), error.status());
