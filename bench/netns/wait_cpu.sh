@@ -5,6 +5,7 @@
 #
 #   bench/netns/wait_cpu.sh [--hosts 2] [--rate 1gbit] [--size 64M] [--iters 4] [--repeats 3]
 #                           [--before DIR] [--bin DIR] [--peers DIR] [--out FILE]
+#                           [--name NAME] [--subnet A.B.C] [--port P] [--no-lat]
 #
 # --before DIR: a directory holding another libshoal.so.0, loaded instead of the build's through
 # LD_LIBRARY_PATH (shoal-bench's RUNPATH comes after it), run as configuration "shoal_before".
@@ -12,15 +13,17 @@
 #   shoal, shoal_before   shoal-bench -b SIZE -e SIZE -n ITERS -w 1 (out of place and in place)
 #   gloo                  bench/peers/gloo_allreduce --algo ring_chunked, same size
 #   lat, lat_before       shoal-bench -b 8 -e 64K -f 8 -n 200 -w 20: time per call (µs)
+# (--no-lat leaves the lat runs out.)
 # For each large configuration, wire.sh's "command_cpu_seconds" (user + system of every rank)
 # of a run with ITERS iterations minus one with 1 (start-up cancels out), per extra allreduce
 # call (shoal-bench makes 2 per iteration, out of place and in place; Gloo 1) and per wall
 # second, and the machine's idle share during the longer run (/proc/stat; other jobs count).
-# Needs root; the cluster (name cpuwait, subnet 10.213.0) is removed on exit.
+# Needs root; the cluster (--name, default cpuwait; --subnet, default 10.213.0; the store on
+# --port, default 29517) is removed on exit.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-hosts=2 rate=1gbit size=64M iters=4 repeats=3 before="" out=""
+hosts=2 rate=1gbit size=64M iters=4 repeats=3 before="" out="" name=cpuwait subnet=10.213.0 port=29517 latency=1
 BIN="$repo/build/bin" PEERS="$repo/build/peers"
 while (($#)); do
   case "$1" in
@@ -33,17 +36,20 @@ while (($#)); do
     --bin) BIN=$2; shift 2 ;;
     --peers) PEERS=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --name) name=$2; shift 2 ;;
+    --subnet) subnet=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --no-lat) latency=0; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "wait_cpu.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [[ "$(id -u)" -eq 0 ]] || { echo "wait_cpu.sh: needs root" >&2; exit 1; }
-name=cpuwait
 tmp=$(mktemp -d)
 cleanup() { "$here/cluster.sh" down --name "$name" >/dev/null 2>&1; rm -rf "$tmp"; }
 trap cleanup EXIT
-"$here/cluster.sh" up "$hosts" --rate "$rate" --name "$name" --subnet 10.213.0 >/dev/null || exit 1
-launch=("$here/run.sh" --name "$name" --port 29517 --timeout-s 300)
+"$here/cluster.sh" up "$hosts" --rate "$rate" --name "$name" --subnet "$subnet" >/dev/null || exit 1
+launch=("$here/run.sh" --name "$name" --port "$port" --timeout-s 300)
 results="$tmp/results.tsv"
 
 # Start-up (UCX, connections) costs CPU too: each configuration runs twice, with ITERS timed
@@ -85,8 +91,8 @@ for ((rep = 1; rep <= repeats; rep++)); do
     big gloo 1 "${launch[@]}" "$PEERS/gloo_allreduce" --rank '{rank}' --size '{size}' --host '{addr}' \
       --store-dir "$tmp/store$rep" --algo ring_chunked -b "$size" -e "$size" -w 1 -n "$iters"
   fi
-  lat lat "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
-  [[ -n "$before" ]] && lat lat_before env LD_LIBRARY_PATH="$before" "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
+  ((latency)) && lat lat "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
+  ((latency)) && [[ -n "$before" ]] && lat lat_before env LD_LIBRARY_PATH="$before" "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
 done
 
 report() {

@@ -49,6 +49,20 @@ else
   echo "FAIL: no JSON results"; fail=1
 fi
 
+echo "== UCX's TCP receive segment across hosts: shoal's default, and a user's UCX_TCP_RX_SEG_SIZE wins"
+# UCX logs at debug level each setting it applies to a transport ("apply UCT configuration").
+for user in "" 128k; do
+  env ${user:+UCX_TCP_RX_SEG_SIZE=$user} UCX_LOG_LEVEL=debug "${launch[@]}" "$bin/shoal-bench" \
+    -b 1M -e 1M -n 1 -w 0 -c 1 >"$tmp/seg.log" 2>&1 || { echo "FAIL: allreduce, UCX_TCP_RX_SEG_SIZE=${user:-unset}"; fail=1; }
+  applied=$(grep -c "apply UCT configuration RX_SEG_SIZE=" "$tmp/seg.log")
+  if [[ -z "$user" ]]; then
+    ((applied >= 2)) || { echo "FAIL: shoal's RX_SEG_SIZE reached UCX's TCP transport on $applied ranks, not 2"; fail=1; }
+  else
+    ((applied == 0)) || { echo "FAIL: shoal overrode the user's UCX_TCP_RX_SEG_SIZE"; fail=1; }
+  fi
+  grep -q "invalid configuration" "$tmp/seg.log" && { echo "FAIL: UCX warned: $(grep -m1 'invalid configuration' "$tmp/seg.log")"; fail=1; }
+done
+
 echo "== a rank killed in the middle of an allreduce"
 # Started by hand, not by run.sh (which would stop the survivor as soon as rank 1 dies).
 SHOAL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')

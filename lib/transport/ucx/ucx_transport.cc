@@ -54,6 +54,43 @@ void checkUcs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) fail(SHOAL_ERR_SYSTEM, "UCX {} failed: {}", what, ucs_status_string(status));
 }
 
+// Whether UCX_TLS lets UCX use its TCP transport: unset, "all", a list naming tcp, or an
+// exclusion list ("^...") that does not. (A setting for a transport UCX does not open makes
+// it warn "invalid configuration" on every rank.)
+bool tcpAllowed() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return true;
+  std::string_view list(tls);
+  const bool exclude = list.front() == '^';
+  if (exclude) list.remove_prefix(1);
+  bool named = false;
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    std::string_view name = list.substr(at, comma - at);
+    named = named || name == "tcp" || (!exclude && name == "all");
+    at = comma + 1;
+  }
+  return exclude ? !named : named;
+}
+
+// Peers on other hosts: UCX's TCP transport (uct/tcp) cuts eager messages into fragments of
+// its receive segment (UCX_TCP_RX_SEG_SIZE, 64 KiB by default) and reads the socket into
+// buffers of that size, one recv per ready socket and progress call. A 64 MiB allreduce then
+// costs every rank thousands of sendmsg, recvfrom and epoll_wait calls, and the kernel a
+// packet push and an ACK for each (measured: docs/benchmarks.md, "Waiting CPU and syscall
+// sizes, second pass"). Larger segments move the same bytes in a fraction of the calls.
+// Every rank must use the same segment (a receiver's buffer must hold the sender's largest
+// fragment): all ranks of a job that spans hosts decide alike, and a user's UCX_TCP_* wins.
+// (ucp_config_modify hands names it does not know to every UCX transport's own table, where
+// only TCP has these fields.)
+void setTcpDefaults(ucp_config_t* config) {
+  if (!tcpAllowed()) return;
+  auto setDefault = [&](const char* name, const char* value) {
+    if (std::getenv(fmt::format("UCX_TCP_{}", name).c_str()) == nullptr) ucp_config_modify(config, name, value);
+  };
+  setDefault("RX_SEG_SIZE", "1m");
+}
+
 
 class UcxTransport final : public Transport {
  public:
@@ -218,6 +255,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   //   rate (as Gloo does; bench/netns, docs/benchmarks.md).
   if (std::getenv("UCX_RNDV_THRESH") == nullptr)
     ucp_config_modify(config, "RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
+  if (anyRemotePeer) setTcpDefaults(config);
   // Listening: UCX's TCP transport listens on every network device it uses. When every peer is
   // on this host (and network namespace), the only device the job needs is loopback, so a
   // one-host job is not reachable from the network. Jobs spanning hosts keep UCX's choice. A
