@@ -53,7 +53,8 @@ else
   echo "plot.sh: no $res/loopback_medians.tsv; skipping the loopback plot" >&2
 fi
 
-if [[ -s "$res/speedup.tsv" ]]; then
+# speedup.tsv may hold its header only (no sparse configuration ran): no plot then.
+if [[ $(wc -l < "$res/speedup.tsv" 2>/dev/null || echo 0) -gt 1 ]]; then
   mkdir -p "$tmp/sp"
   awk -F'\t' -v dir="$tmp/sp" 'NR > 1 { print $3, $4 >> (dir "/" $2 "_" $1 ".dat") }' "$res/speedup.tsv"
   for f in "$tmp"/sp/*.dat; do sort -g -o "$f" "$f"; done
