@@ -443,7 +443,8 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
     if (shardsByRows(table, whole)) {
       shard.ndim = whole.ndim;
       for (int d = 1; d < whole.ndim; ++d) shard.shape[d] = whole.shape[d];
-      shard.shape[0] = static_cast<int64_t>(plan.blocks[t][mine] / (plugin::elementsCount(whole) / whole.shape[0]));
+      const size_t rowElements = plugin::elementsCount(whole) / static_cast<size_t>(whole.shape[0]);
+      shard.shape[0] = static_cast<int64_t>(plan.blocks[t][mine] / rowElements);
     }
     shards[t].output = shard;  // in place
     if (tensors[t].name) {
