@@ -479,7 +479,8 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
 }
 
 #if SHOAL_WITH_CUDA
-constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC | SHOAL_CAP_MATRIX;
+constexpr uint64_t kCaps =
+    SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC | SHOAL_CAP_MATRIX;
 #else
 constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC | SHOAL_CAP_MATRIX;
 #endif

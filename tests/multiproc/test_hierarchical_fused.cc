@@ -236,7 +236,8 @@ shoal_status_t checkTopk(int rank, int size, shoal_comm_t comm, std::string& tex
       return text = name + ": the shard's residual has " + std::to_string(state.size()) + " bytes, expected " +
                     std::to_string(shard.count * sizeof(float)),
              SHOAL_ERR_INTERNAL;
-    if (hasState(comm, "topk", options, name)) return text = "topk kept a state for the whole " + name, SHOAL_ERR_INTERNAL;
+    if (hasState(comm, "topk", options, name))
+      return text = "topk kept a state for the whole " + name, SHOAL_ERR_INTERNAL;
     std::vector<double> residuals(count, 0);
     for (size_t i = 0; i < shard.count; ++i) {
       float e;

@@ -148,6 +148,20 @@ static shoal_status_t probe_save_tensor_state(void *instance, const void *state,
   return SHOAL_OK;
 }
 
+/* The inverse, so that save and load come together as the conformance rules ask. */
+static shoal_status_t probe_load_tensor_state(void *instance, void **state, const void *buffer, size_t bytes) {
+  (void)instance;
+  int64_t ndim = 0;
+  if (bytes < sizeof ndim) return SHOAL_ERR_INVALID_ARGUMENT;
+  memcpy(&ndim, buffer, sizeof ndim);
+  if (ndim < 0 || ndim > SHOAL_MAX_DIMS || bytes != (size_t)(1 + ndim) * sizeof(int64_t))
+    return SHOAL_ERR_INVALID_ARGUMENT;
+  if (*state == NULL) *state = calloc(1, sizeof(probe_shape_t));
+  if (*state == NULL) return SHOAL_ERR_INTERNAL;
+  memcpy(*state, buffer, bytes);
+  return SHOAL_OK;
+}
+
 static const shoal_compressor_t kProbe = {
     .abi_version = 1, /* the ABI the bit was added to without a bump */
     .struct_size = sizeof(shoal_compressor_t),
@@ -165,7 +179,7 @@ static const shoal_compressor_t kProbe = {
     .finish = probe_finish,
     .destroy_tensor_state = probe_destroy_tensor_state,
     .save_tensor_state = probe_save_tensor_state,
-    .load_tensor_state = NULL,
+    .load_tensor_state = probe_load_tensor_state,
 };
 
 SHOAL_COMPRESSOR_EXPORT const shoal_compressor_t *shoal_compressor_plugin_v1(void) { return &kProbe; }
