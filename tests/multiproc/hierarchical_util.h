@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "collectives/common/host_layout.h"
 #include "comm/communicator.h"
 #include "multiproc/split_job.h"
 #include "shoal/compressor.h"
