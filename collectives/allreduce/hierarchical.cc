@@ -36,26 +36,36 @@ int indexOf(const std::vector<int>& ranks, int rank) {
   return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
 }
 
-// One shard per rank of a host: whole rows of `rowElements` elements, split as
-// evenly as rows allow (with rows of one element, splitEvenly's split).
-Blocks hostShards(size_t count, size_t element, int parts, size_t segmentBytes, size_t rowElements) {
-  const uint64_t tagsPerSegment = 4 * static_cast<uint64_t>(parts);
-  if (rowElements <= 1) return splitEvenly(count, element, parts, segmentBytes, tagsPerSegment);
-  std::vector<size_t> counts(parts);
-  for (int b = 0; b < parts; ++b) counts[b] = ring::blockOf(count / rowElements, parts, b).count * rowElements;
-  return blocksFrom(counts.data(), nullptr, element, parts, segmentBytes, tagsPerSegment);
+// One shard per rank of a host, of the given element counts, packed.
+Blocks hostShards(const std::vector<size_t>& counts, size_t element, size_t segmentBytes) {
+  const int parts = static_cast<int>(counts.size());
+  return blocksFrom(counts.data(), nullptr, element, parts, segmentBytes, 4 * static_cast<uint64_t>(parts));
 }
 
 }  // namespace
+
+std::vector<size_t> HostLegs::shardCountsOf(size_t rows, size_t rowElements, int localSize) {
+  // With rows of one element this is splitEvenly's split (ring::blockOf).
+  std::vector<size_t> counts(localSize);
+  for (int b = 0; b < localSize; ++b) counts[b] = ring::blockOf(rows, localSize, b).count * rowElements;
+  return counts;
+}
 
 // Tags: the host legs (reduce-scatter, allgather) take at most half the
 // call's budget (4 l tags per segment), the cross-host leg the other half.
 HostLegs::HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes,
                    size_t rowElements)
+    : HostLegs(transport, layout,
+               shardCountsOf(rowElements > 1 ? count / rowElements : count, std::max<size_t>(rowElements, 1),
+                             static_cast<int>(layout.local.size())),
+               element, segmentBytes) {}
+
+HostLegs::HostLegs(Transport& transport, const HostLayout& layout, const std::vector<size_t>& shardCounts,
+                   size_t element, size_t segmentBytes)
     : layout_(layout),
       host_(transport, layout.local, layout.localRank),
       across_(transport, layout.peers, indexOf(layout.peers, transport.rank())),
-      shards_(hostShards(count, element, static_cast<int>(layout.local.size()), segmentBytes, rowElements)),
+      shards_(hostShards(shardCounts, element, segmentBytes)),
       element_(element),
       segmentBytes_(segmentBytes),
       mine_(layout.localRank) {}

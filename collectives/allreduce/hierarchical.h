@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "collectives/common/group_transport.h"
@@ -24,6 +25,15 @@ class HostLegs {
   // must be hierarchical() and outlive the legs.
   HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes,
            size_t rowElements = 1);
+  // Shards of given element counts, one per rank of the host in local-rank
+  // order, packed one after another (a fused group's: shard i holds block i of
+  // every tensor of the group, see lib/plugin/driver.cc).
+  HostLegs(Transport& transport, const HostLayout& layout, const std::vector<size_t>& shardCounts, size_t element,
+           size_t segmentBytes);
+
+  // The element count of each rank's shard of one tensor of `rows` rows of
+  // `rowElements` elements (1 for a 1-D split), split as evenly as rows allow.
+  static std::vector<size_t> shardCountsOf(size_t rows, size_t rowElements, int localSize);
 
   // Leg 1, a ring reduce-scatter inside the host: afterwards this rank's
   // shard of `data` holds its host's reduction. `context` is over the whole
@@ -40,7 +50,7 @@ class HostLegs {
   size_t shardOffset() const { return shards_.offset[mine_]; }             // bytes
   size_t shardCount() const { return shards_.bytes[mine_] / element_; }    // elements
   // The largest shard, in elements (shards differ by at most one element, or one row).
-  size_t largestShardCount() const { return shards_.bytes[0] / element_; }
+  size_t largestShardCount() const { return shards_.maxBytes() / element_; }
 
  private:
   const HostLayout& layout_;

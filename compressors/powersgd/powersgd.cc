@@ -479,9 +479,10 @@ shoal_status_t loadTensorState(void* instancePointer, void** statePointer, const
 }
 
 #if SHOAL_WITH_CUDA
-constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC;
+constexpr uint64_t kCaps =
+    SHOAL_CAP_HOST | SHOAL_CAP_CUDA | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC | SHOAL_CAP_MATRIX;
 #else
-constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC;
+constexpr uint64_t kCaps = SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_HOMOMORPHIC | SHOAL_CAP_MATRIX;
 #endif
 
 const shoal_compressor_t kPowerSgd = {

@@ -66,6 +66,16 @@ extern "C" {
 #define SHOAL_CAP_STATEFUL ((uint64_t)1 << 3)    /* may keep per-tensor state; when its options need state,
                                                     start() refuses unnamed tensors (name == NULL) */
 #define SHOAL_CAP_HOMOMORPHIC ((uint64_t)1 << 4) /* its payloads are reduced without decoding */
+/* Reads shapes: it views a tensor of ndim >= 2 as a matrix [shape[0], product
+ * of the rest] (powersgd), and a 1-D tensor travels densely. Where the driver
+ * cuts a tensor into shards (the hierarchical compressed allreduce compresses
+ * each rank's shard of its host's sum across hosts, docs/groups.md), it cuts
+ * such a tensor by whole rows: the compressor sees [rows_i, shape[1], ...], a
+ * matrix with the tensor's columns. Without the bit, shards are 1-D (ndim 1,
+ * the element count), whatever the tensor's shape. The bit came after ABI 1
+ * was published without a version bump: a plugin built before it has the bit
+ * clear and keeps getting 1-D shards, as it always did. */
+#define SHOAL_CAP_MATRIX ((uint64_t)1 << 5)
 
 /* What the compressor promises about its output, checked by the conformance
  * suite (tests/compressors/). x_r is rank r's input, n the world size, and

@@ -149,16 +149,16 @@ void validatePayload(const shoal_compressor_t& table, int round, const shoal_pay
 
 // Issue 13.3: a compressor that sent a tensor uncompressed, or more bytes
 // than the tensor holds, says so once per tensor name at info level, and why.
-void noteIneffectiveCompression(shoal_comm& comm, const std::string& compressor,
-                                const std::vector<shoal_compress_tensor_t>& tensors,
-                                const CompressStats& stats) {
+void noteIneffectiveCompression(shoal_comm& comm, const shoal_compressor_t& table,
+                                const std::vector<shoal_compress_tensor_t>& tensors, const CompressStats& stats) {
+  const std::string compressor = table.name;
   if (stats.inputBytes == 0 || stats.payloadBytes < stats.inputBytes) return;
   for (const shoal_compress_tensor_t& tensor : tensors) {
     const std::string name = tensor.name ? tensor.name : "(unnamed)";
     if (!comm.compressors->firstTime(compressor + "|" + name)) continue;
     std::string why = "its encoding of this tensor is no smaller than the data";
-    if (compressor == "powersgd" && tensor.input.ndim < 2)
-      why = "powersgd compresses matrices: a 1-D tensor travels densely (give the tensor a 2-D shape)";
+    if ((table.caps & SHOAL_CAP_MATRIX) && tensor.input.ndim < 2)
+      why = compressor + " compresses matrices: a 1-D tensor travels densely (give the tensor a 2-D shape)";
     else if (compressor == "sketch")
       why = "the tensor is too dense for a sketch (its index and cells outweigh the dense values)";
     SHOAL_LOG_INFO("compressor {} sent tensor '{}' ({} bytes) as {} payload bytes ({}): {}", compressor, name,
@@ -312,13 +312,18 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
   table.finish(instance.handle(), opState);
 }
 
-// powersgd views a tensor of ndim >= 2 as a matrix [shape[0], rest]: its
-// shard must be a block of whole rows, a smaller matrix with the same columns,
-// for P = M Q and Q = Mᵀ P to mean anything. It is the one built-in that
-// reads shapes; the ABI has no capability for it, so external plugins see
-// 1-D shards, as the other built-ins do.
+// A compressor with SHOAL_CAP_MATRIX (powersgd) views a tensor of ndim >= 2
+// as a matrix [shape[0], rest]: its shard must be a block of whole rows, a
+// smaller matrix with the same columns, for P = M Q and Q = Mᵀ P to mean
+// anything. Every other compressor sees 1-D shards, whatever the shape
+// (plugins built before the bit existed among them, as before).
 bool shardsByRows(const shoal_compressor_t& table, const shoal_tensor_t& tensor) {
-  return std::strcmp(table.name, "powersgd") == 0 && tensor.ndim >= 2;
+  return (table.caps & SHOAL_CAP_MATRIX) != 0 && tensor.ndim >= 2;
+}
+
+// What a tensor's host shards are cut in: its rows (shardsByRows), else its elements.
+size_t shardUnits(const shoal_compressor_t& table, const shoal_tensor_t& tensor) {
+  return shardsByRows(table, tensor) ? static_cast<size_t>(tensor.shape[0]) : plugin::elementsCount(tensor);
 }
 
 // A matrix with fewer rows than a host has ranks has no row block for every
@@ -342,60 +347,165 @@ std::string shardKey(const shoal_comm& comm, const char* tensorName) {
   return fmt::format("{}#host-shard{}/{}", tensorName, comm.hosts->localRank, comm.hosts->local.size());
 }
 
+// Where the tensors of one hierarchical compressed operation lie in the
+// buffer the host legs run on: shard i (local rank i's) holds block i of
+// every tensor, in the operation's order. A tensor's block is the same
+// elements (or rows) whether it runs alone or in a fused group, whichever
+// tensors share the group, so its shard's state (shardKey) always belongs to
+// the same part of the same tensor. Alone, the buffer is the tensor itself.
+struct HostShardPlan {
+  std::vector<std::vector<size_t>> blocks;  // [tensor][local rank]: elements of its block
+  std::vector<size_t> shards;               // [local rank]: elements of the shard, all tensors' blocks
+
+  HostShardPlan(const shoal_compressor_t& table, const std::vector<shoal_compress_tensor_t>& tensors,
+                int localSize)
+      : shards(localSize, 0) {
+    for (const shoal_compress_tensor_t& tensor : tensors) {
+      const size_t units = shardUnits(table, tensor.input);
+      blocks.push_back(HostLegs::shardCountsOf(units, plugin::elementsCount(tensor.input) / units, localSize));
+      for (int b = 0; b < localSize; ++b) shards[b] += blocks.back()[b];
+    }
+  }
+  // In elements: block `b` of tensor `t` in the packed buffer, and in the tensor.
+  size_t packedOffset(size_t t, int b) const {
+    size_t offset = 0;
+    for (int s = 0; s < b; ++s) offset += shards[s];
+    for (size_t u = 0; u < t; ++u) offset += blocks[u][b];
+    return offset;
+  }
+  size_t tensorOffset(size_t t, int b) const {
+    size_t offset = 0;
+    for (int s = 0; s < b; ++s) offset += blocks[t][s];
+    return offset;
+  }
+};
+
 // The hierarchical compressed allreduce (issue 16), for ranks on h hosts with
-// l on each: a dense ring reduce-scatter inside each host (local rank i ends
-// with shard i of its host's sum), the compressor's rounds on that shard
-// among the ranks with local index i, one per host (only these bytes cross a
-// host link, and they are compressed), and a dense ring allgather inside the
-// host. The compressor sees the shard, reduced with sum over h ranks: a 1-D
-// tensor, or with `byRows` (powersgd) a block of whole rows of the matrix,
-// [rows_i, shape[1], ...], a matrix again. `state` is the shard's own slot
-// (shardKey), so error feedback and warm starts follow the shard this rank
+// l on each, of one tensor (a blocking call) or of a fused group (the async
+// runtime): a dense ring reduce-scatter inside each host (local rank i ends
+// with shard i of its host's sum: block i of every tensor), the compressor's
+// rounds on that shard among the ranks with local index i, one per host (only
+// these bytes cross a host link, and they are compressed), and a dense ring
+// allgather inside the host. The compressor sees this rank's block of each
+// tensor, reduced with sum over h ranks: a 1-D tensor, or with
+// SHOAL_CAP_MATRIX a block of whole rows of a matrix, [rows_i, shape[1], ...],
+// a matrix again; named tensors under their shard's name and state slot
+// (shardKey), so error feedback and warm starts follow the block this rank
 // owns from call to call. avg divides by all n ranks once, after it. Legs 1
 // and 3 run under the call's number; the agreement round takes the next one
 // over the whole communicator; leg 2's groups number their collectives from
 // there, each as far as its compressor's rounds go (the sketch's depend on
 // the data, powersgd's on whether its row block is worth compressing), and
 // leg 3 then sets every rank to the largest number any group reached (every
-// host holds one rank of each group, so its largest is everyone's).
+// host holds one rank of each group, so its largest is everyone's). Every
+// tensor must have a block (an element, or a row) for each rank of a host.
 void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
-                               const shoal_tensor_t& input, const shoal_tensor_t& output, shoal_op_t op,
-                               const char* tensorName, void** state, bool byRows, const std::string& agreement,
-                               CompressStats& stats) {
-  const size_t count = plugin::elementsCount(input);
-  const size_t element = dtypeSize(input.dtype);
-  const size_t rowElements = byRows ? count / static_cast<size_t>(input.shape[0]) : 1;
-  auto* data = static_cast<uint8_t*>(output.data);
-  if (input.data != output.data) std::memcpy(data, input.data, count * element);
+                               const std::vector<shoal_compress_tensor_t>& tensors, const std::string& agreement,
+                               shoal_op_t op, CompressStats& stats, const plugin::RoundObserver* observer) {
+  const shoal_compressor_t& table = instance.table();
+  const shoal_dtype_t dtype = tensors.front().input.dtype;
+  const size_t element = dtypeSize(dtype);
+  const int mine = comm.hosts->localRank;
+  const HostShardPlan plan(table, tensors, static_cast<int>(comm.hosts->local.size()));
+  size_t total = 0;
+  for (size_t shard : plan.shards) total += shard;
+
+  // Alone, the tensor's output is the buffer; a group is packed block by block.
+  const bool alone = tensors.size() == 1;
+  uint8_t* data = static_cast<uint8_t*>(tensors.front().output.data);
+  if (alone && tensors.front().input.data != data) std::memcpy(data, tensors.front().input.data, total * element);
+  if (!alone) {
+    std::vector<uint8_t>& packed = comm.compressors->packedShards;
+    if (packed.size() < total * element) packed.resize(total * element);
+    data = packed.data();
+    for (size_t t = 0; t < tensors.size(); ++t)
+      for (size_t b = 0; b < plan.shards.size(); ++b)
+        std::memcpy(data + plan.packedOffset(t, static_cast<int>(b)) * element,
+                    static_cast<const uint8_t*>(tensors[t].input.data) +
+                        plan.tensorOffset(t, static_cast<int>(b)) * element,
+                    plan.blocks[t][b] * element);
+  }
   const uint64_t sentBefore = comm.transport->bytesSent();
-  HostLegs legs(*comm.transport, *comm.hosts, count, element, comm.segmentBytes, rowElements);
+  HostLegs legs(*comm.transport, *comm.hosts, plan.shards, element, comm.segmentBytes);
   uint64_t leg3Tags = 0;  // where leg 3 starts in the call's tags
   runCollective(comm, sequence, [&](Context& context) {
-    legs.reduceScatter(context, data, Reducer(input.dtype, SHOAL_SUM));
+    legs.reduceScatter(context, data, Reducer(dtype, SHOAL_SUM));
     leg3Tags = context.nextSubTag;
   });
 
-  std::vector<shoal_compress_tensor_t> tensors(1);
-  tensors[0].input = shoal_tensor_1d(data + legs.shardOffset(), legs.shardCount(), input.dtype);
-  if (byRows) {
-    tensors[0].input.ndim = input.ndim;
-    for (int d = 1; d < input.ndim; ++d) tensors[0].input.shape[d] = input.shape[d];
-    tensors[0].input.shape[0] = static_cast<int64_t>(legs.shardCount() / rowElements);
+  std::vector<shoal_compress_tensor_t> shards(tensors.size());
+  std::vector<std::string> names(tensors.size());
+  std::vector<void*> scratch(tensors.size(), nullptr);  // unnamed (stateless) tensors: state for this call only
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const shoal_tensor_t& whole = tensors[t].input;
+    shoal_tensor_t& shard = shards[t].input;
+    shard = shoal_tensor_1d(data + plan.packedOffset(t, mine) * element, plan.blocks[t][mine], dtype);
+    if (shardsByRows(table, whole)) {
+      shard.ndim = whole.ndim;
+      for (int d = 1; d < whole.ndim; ++d) shard.shape[d] = whole.shape[d];
+      const size_t rowElements = plugin::elementsCount(whole) / static_cast<size_t>(whole.shape[0]);
+      shard.shape[0] = static_cast<int64_t>(plan.blocks[t][mine] / rowElements);
+    }
+    shards[t].output = shard;  // in place
+    if (tensors[t].name) {
+      names[t] = shardKey(comm, tensors[t].name);
+      shards[t].name = names[t].c_str();
+      shards[t].state = instance.stateOf(names[t]);
+    } else {
+      shards[t].state = &scratch[t];
+    }
   }
-  tensors[0].output = tensors[0].input;  // in place
-  tensors[0].name = tensorName;
-  tensors[0].state = state;
-  runCompressed(comm, takeSequence(comm), instance, tensors, SHOAL_SUM, agreement, stats, MemoryRoute(), nullptr,
-                &legs.acrossHosts());
-  if (op == SHOAL_AVG) Reducer(input.dtype, SHOAL_AVG).finish(tensors[0].output.data, legs.shardCount(), comm.size);
+  auto releaseScratch = [&] {
+    for (void* state : scratch)
+      if (state && table.destroy_tensor_state) table.destroy_tensor_state(instance.handle(), state);
+  };
+  try {
+    runCompressed(comm, takeSequence(comm), instance, shards, SHOAL_SUM, agreement, stats, MemoryRoute(), observer,
+                  &legs.acrossHosts());
+  } catch (...) {
+    releaseScratch();
+    throw;
+  }
+  releaseScratch();
+  if (op == SHOAL_AVG) Reducer(dtype, SHOAL_AVG).finish(data + legs.shardOffset(), legs.shardCount(), comm.size);
 
   runCollective(comm, sequence, [&](Context& context) {
     context.nextSubTag = leg3Tags;
     comm.sequence = legs.maxOnHost(context, comm.sequence);
     legs.allgather(context, data);
   });
+  if (!alone)
+    for (size_t t = 0; t < tensors.size(); ++t)
+      for (size_t b = 0; b < plan.shards.size(); ++b)
+        std::memcpy(static_cast<uint8_t*>(tensors[t].output.data) + plan.tensorOffset(t, static_cast<int>(b)) * element,
+                    data + plan.packedOffset(t, static_cast<int>(b)) * element, plan.blocks[t][b] * element);
   stats.wireBytes = comm.transport->bytesSent() - sentBefore;
   stats.acrossHostsOnly = true;
+}
+
+// Whether an operation's tensors take the hierarchical compressed allreduce:
+// where the communicator runs `bytes` (the tensor's, or the fused group's)
+// hierarchically, as a plain allreduce of that size would (SHOAL_ALGO, or
+// auto from the layout and SHOAL_HIER_MIN_BYTES), and every tensor has a
+// block for each rank of a host: an element, or for row shards a row.
+bool runsAcrossHosts(shoal_comm& comm, const shoal_compressor_t& table,
+                     const std::vector<shoal_compress_tensor_t>& tensors, size_t bytes) {
+  if (!comm.hosts || !comm.hosts->hierarchical() || chooseAllreduce(comm, bytes).run != allreduceHierarchical)
+    return false;
+  for (const shoal_compress_tensor_t& tensor : tensors)
+    if (shardUnits(table, tensor.input) < comm.hosts->local.size()) {
+      if (shardsByRows(table, tensor.input)) noteRowsTooFew(comm, table.name, tensor.input);
+      return false;
+    }
+  return true;
+}
+
+// The agreement text's part that names the hierarchical path: a rank that
+// compresses flat fails against it with MISMATCH on every rank.
+std::string acrossHostsWords(const shoal_compressor_t& table, const std::vector<shoal_compress_tensor_t>& tensors) {
+  for (const shoal_compress_tensor_t& tensor : tensors)
+    if (shardsByRows(table, tensor.input)) return "|across hosts, rows";
+  return "|across hosts";
 }
 
 }  // namespace
@@ -438,16 +548,14 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   const AllreduceAlgorithm* plain =
       compress || route.cuda ? nullptr : &chooseAllreduce(comm, bytes);
   // Compressed across hosts only (runHierarchicalCompressed) where the
-  // communicator runs this size hierarchically: host tensors of at least one
-  // element per rank of a host, or for row shards (powersgd's matrices) one
-  // row. Stateful compressors keep their state per (tensor, shard).
-  bool acrossHosts = compress && !route.cuda && comm.hosts && comm.hosts->hierarchical() &&
-                     chooseAllreduce(comm, bytes).run == allreduceHierarchical;
-  const bool byRows = acrossHosts && shardsByRows(instance->table(), input);
-  if (acrossHosts && (byRows ? static_cast<size_t>(input.shape[0]) : count) < comm.hosts->local.size()) {
-    acrossHosts = false;
-    if (byRows) noteRowsTooFew(comm, instance->table().name, input);
-  }
+  // communicator runs this size hierarchically (runsAcrossHosts): host
+  // tensors of at least one element per rank of a host, or for row shards
+  // (SHOAL_CAP_MATRIX: powersgd's matrices) one row. Stateful compressors
+  // keep their state per (tensor, shard).
+  std::vector<shoal_compress_tensor_t> tensors(1);
+  tensors[0].input = input;
+  tensors[0].output = output;
+  const bool acrossHosts = compress && !route.cuda && runsAcrossHosts(comm, instance->table(), tensors, bytes);
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
     if (compress) {
@@ -482,17 +590,10 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
     tensorName = unnamed.c_str();
   }
   void* scratchState = nullptr;
-  std::vector<shoal_compress_tensor_t> tensors(1);
-  tensors[0].input = input;
-  tensors[0].output = output;
   tensors[0].name = tensorName;
   // Across hosts the compressor sees this rank's shard, under a name and a
-  // state slot of the shard's own (shardKey).
-  const std::string shard = acrossHosts && tensorName ? shardKey(comm, tensorName) : std::string();
-  if (!shard.empty())
-    tensors[0].state = instance->stateOf(shard);
-  else
-    tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
+  // state slot of the shard's own (shardKey, runHierarchicalCompressed).
+  if (!acrossHosts) tensors[0].state = tensorName ? instance->stateOf(tensorName) : &scratchState;
 
   std::string agreement = fmt::format("{}|{}|{}|{}|{}|", name, copts, static_cast<int>(op),
                                       static_cast<int>(input.dtype), tensorName ? tensorName : "");
@@ -501,12 +602,11 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   stats.compressor = name;
   try {
     if (acrossHosts)
-      runHierarchicalCompressed(comm, sequence, *instance, input, output, op, shard.empty() ? nullptr : shard.c_str(),
-                                tensors[0].state, byRows,
-                                agreement + (byRows ? "|across hosts, rows" : "|across hosts"), stats);
+      runHierarchicalCompressed(comm, sequence, *instance, tensors,
+                                agreement + acrossHostsWords(instance->table(), tensors), op, stats, nullptr);
     else
       runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
-    noteIneffectiveCompression(comm, name, tensors, stats);
+    noteIneffectiveCompression(comm, instance->table(), tensors, stats);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)
       instance->table().destroy_tensor_state(instance->handle(), scratchState);
@@ -521,18 +621,28 @@ void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::st
                               const std::string& options, std::vector<shoal_compress_tensor_t>& tensors,
                               shoal_op_t op, const plugin::RoundObserver* observer) {
   CompressorInstance& instance = comm.compressors->get(compressor, options);
+  const shoal_compressor_t& table = instance.table();
   CompressStats stats;
   stats.compressor = compressor;
   std::string agreement = fmt::format("{}|{}|{}|{}|", compressor, options, static_cast<int>(op), tensors.size());
   for (shoal_compress_tensor_t& tensor : tensors) {
-    tensor.state = instance.stateOf(tensor.name ? tensor.name : "");
     stats.inputBytes += plugin::elementsCount(tensor.input) * dtypeSize(tensor.input.dtype);
     agreement += fmt::format("{}|{}|", static_cast<int>(tensor.input.dtype), tensor.name ? tensor.name : "");
     for (int d = 0; d < tensor.input.ndim; ++d) agreement += fmt::format("{},", tensor.input.shape[d]);
   }
-  const MemoryRoute hostRoute;  // the async runtime submits host tensors only
-  runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
-  noteIneffectiveCompression(comm, compressor, tensors, stats);
+  // A fused group takes the path a blocking allreduce of the group's size
+  // would, as the runtime's uncompressed groups do: across hosts, each
+  // tensor's state kept per (tensor, shard) as in the blocking call, so a
+  // tensor's state does not depend on which tensors share its group.
+  if (runsAcrossHosts(comm, table, tensors, stats.inputBytes)) {
+    runHierarchicalCompressed(comm, sequence, instance, tensors, agreement + acrossHostsWords(table, tensors), op,
+                              stats, observer);
+  } else {
+    for (shoal_compress_tensor_t& tensor : tensors) tensor.state = instance.stateOf(tensor.name ? tensor.name : "");
+    const MemoryRoute hostRoute;  // the async runtime submits host tensors only
+    runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
+  }
+  noteIneffectiveCompression(comm, table, tensors, stats);
   comm.lastStats = stats;
 }
 

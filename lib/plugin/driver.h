@@ -71,6 +71,9 @@ class CompressorCache {
   bool firstTime(const std::string& key) { return noticed_.insert(key).second; }
   // SHOAL_COMPRESSOR* as they were when the communicator was made.
   CompressorDefaults defaults = CompressorDefaults::fromEnvironment();
+  // A fused group's tensors packed shard by shard for the hierarchical
+  // compressed allreduce (driver.cc), reused from group to group.
+  std::vector<uint8_t> packedShards;
 
  private:
   std::map<std::string, std::unique_ptr<CompressorInstance>> instances_;
@@ -123,8 +126,10 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
 // Hook for the runtime's tensor fusion (lib/runtime/fusion.cc): ONE compressed
 // operation (one start, one series of round() calls) over every tensor of a
 // fused group. The caller has decided that the group compresses; tensors carry
-// input, output and name (named: state slots are filled in here). `observer`
-// may be null.
+// input, output and name (named: state slots are filled in here). Where a
+// blocking allreduce of the group's size would run hierarchically, the group
+// does too, compressing only across hosts with state per (tensor, shard), as
+// the blocking call does (docs/groups.md). `observer` may be null.
 void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,
                               const std::string& options, std::vector<shoal_compress_tensor_t>& tensors,
                               shoal_op_t op, const plugin::RoundObserver* observer);

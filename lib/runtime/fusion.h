@@ -2,7 +2,10 @@
 // grouped (in negotiated order) up to SHOAL_FUSION_THRESHOLD bytes and run as
 // one collective: uncompressed ones packed into a fusion buffer, compressed
 // ones as ONE compressor operation over the whole group (e.g. PowerSGD sees
-// all its matrices at once). Other collectives run one by one.
+// all its matrices at once). Either takes the path a blocking allreduce of
+// the group's size would: across hosts where the layout and SHOAL_ALGO make
+// that hierarchical (compressed: only the cross-host leg, state per tensor
+// shard; lib/plugin/driver.cc, docs/groups.md). Other collectives run one by one.
 #pragma once
 
 #include <cstdint>
