@@ -11,19 +11,23 @@
 // scalars, small or square-ish ones) rides densely in the P payload.
 //
 // Per call, on every rank (n ranks; M_w below is rank w's matrix):
-//   round 0: M = g + e_old in an f32 workspace (ef=1; e_old = 0 the first
+//   round 0: M = g + e_old in f32 (ef=1; e_old = 0 the first
 //            time; ef=0: M = g). Q (per tensor state, identical on every rank)
 //            is orthonormalized (Gram-Schmidt, powersgd_math.h); on the first
 //            call it is drawn from a counter-based RNG keyed by (seed, FNV-1a
 //            hash of the tensor's name, generation), and any column that is
 //            zero (e.g. after an all-zero gradient) is redrawn with the next
-//            generation, so Q never gets stuck at zero. P_w = M_w Q (BLAS sgemm).
+//            generation, so Q never gets stuck at zero. P_w = M_w Q. M is not
+//            stored: each round forms its rows from g and e_old as it reads
+//            them (powersgd_engine.h), so the input must stay as it is until
+//            the outputs are written, and e_old is untouched until round 2.
+//            The products are the row kernels of powersgd_kernels.h.
 //            Payload 0: one f32 buffer [every P, same-shape matrices adjacent |
 //            every dense tensor's M], allreduce SUM (P = sum_w P_w, not
 //            divided: orthonormalization removes the scale).
 //   round 1: P orthonormalized (zero-column guard: a column that is zero or in
-//            the span of the earlier ones becomes 0, never NaN); Q_w = M_wᵀ P
-//            (sgemm). Payload 0: flat f32 buffer of every Q, allreduce SUM.
+//            the span of the earlier ones becomes 0, never NaN); Q_w = M_wᵀ P.
+//            Payload 0: flat f32 buffer of every Q, allreduce SUM.
 //            (No compressed tensor: the outputs are written and the call is done.)
 //   round 2: Q = Q_sum / n is kept for the warm start (the same bits on every
 //            rank); A = P Qᵀ, the approximation of the *average* M (plain
@@ -86,9 +90,9 @@ constexpr const char* kOptionsHelp =
     "others go dense (default 2); seed=<uint64>: seed of the initial Q (default 0). f32, f16, bf16 (factor math "
     "in f32); tensors need a name";
 
-// One call's host buffers: the P and Q payloads and the M workspace.
+// One call's host buffers: the P and Q payloads (no M workspace: see round 0).
 struct HostBuffers {
-  std::vector<float> p, q, m;
+  std::vector<float> p, q;
 };
 
 struct Instance {
@@ -120,7 +124,6 @@ struct OpState {
   HostBuffers buffers;
   std::vector<float>& pbuf = buffers.p;
   std::vector<float>& qbuf = buffers.q;
-  std::vector<float>& mbuf = buffers.m;
   StepIo io() const {
     return {static_cast<int>(states.size()), dtypes.data(), inputs.data(), outputs.data(), states.data(), keys.data()};
   }
@@ -312,7 +315,7 @@ shoal_status_t finishOutputs(const Instance& instance, OpState& state, shoal_com
   }
 #endif
   finishStep(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), state.qbuf.data(),
-             state.mbuf.data(), op->world_size, op->op);
+             nullptr, op->world_size, op->op);
   return roundsDone(round);
 }
 
@@ -349,9 +352,7 @@ shoal_status_t round0(const Instance& instance, OpState& state, shoal_compress_o
   const Layout& layout = state.layout;
   state.pbuf.resize(state.plain ? layout.plainElems : layout.pElems + layout.denseElems);
   state.qbuf.resize(state.plain ? 0 : layout.qElems);
-  state.mbuf.resize(state.plain ? 0 : layout.mElems);
-  const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(),
-                              state.mbuf.data());
+  const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), nullptr);
   if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.pbuf.data(), count);
   return SHOAL_OK;
@@ -363,7 +364,7 @@ shoal_status_t round1(const Instance& instance, OpState& state, shoal_compress_o
     return SHOAL_ERR_INTERNAL;
   }
   const size_t count =
-      phaseQ(instance.options, state.layout, state.plain, state.pbuf.data(), state.mbuf.data(), state.qbuf.data());
+      phaseQ(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), nullptr, state.qbuf.data());
   if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.qbuf.data(), count);
   return SHOAL_OK;
