@@ -55,6 +55,10 @@ void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const M
         loadAsFloat(dtype, g, i) + (options.ef ? loadAsFloat(dtype, state.error.data(), i) : 0.0f);
 }
 
+// The gradient of matrix t, or nullptr where the step passes none (the plan after phaseP: it
+// reads M from its workspace).
+const void* inputOf(const StepIo& io, int t) { return io.inputs != nullptr ? io.inputs[t] : nullptr; }
+
 // The rows of one matrix's M = g + e_old, in f32, a block of rows at a time:
 // from the M workspace when the step has one (the plan), else formed from the
 // gradient and the error vector into an L1-sized scratch block (the
@@ -230,7 +234,7 @@ size_t phaseQ(const Options& options, const Layout& layout, bool plain, const St
       // Q_w [cols x r] = Mᵀ [cols x rows] · P [rows x r], accumulated over the rows of M in order into its
       // columns (qt [r x cols]), then laid out as the Q buffer holds it
       qt.assign(group.cols * group.r, 0.0f);
-      const MatrixRows rows(options, io.dtypes[t], io.inputs[t], *io.states[t],
+      const MatrixRows rows(options, io.dtypes[t], inputOf(io, t), *io.states[t],
                             mbuf != nullptr ? mbuf + entry.mOffset : nullptr, group.cols, scratch);
       for (size_t i = 0; i < group.rows; i += MatrixRows::kBlock) {
         const size_t count = std::min(MatrixRows::kBlock, group.rows - i);
@@ -276,7 +280,7 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
       // M's rows are read (formed from g and e_old) a block at a time before
       // that block's error and output rows are written: the output may be the
       // gradient itself.
-      const MatrixRows source(options, dtype, io.inputs[t], state, mbuf != nullptr ? mbuf + entry.mOffset : nullptr,
+      const MatrixRows source(options, dtype, inputOf(io, t), state, mbuf != nullptr ? mbuf + entry.mOffset : nullptr,
                               cols, scratch);
       for (size_t first = 0; first < rows; first += MatrixRows::kBlock) {
         const size_t count = std::min(MatrixRows::kBlock, rows - first);
