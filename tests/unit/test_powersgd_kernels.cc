@@ -209,6 +209,23 @@ TEST(PowerSgdKernels, EngineStepMatchesReferenceWithAndWithoutWorkspace) {
         for (size_t i = 0; i < mat.size(); ++i)
           mat[i] = elementAsFloat(dtype, grad, i) + (ef ? elementAsFloat(dtype, state.error, i) : 0.0f);
         const OneStep& s = formed;
+        // The engine's products are the kernels' bits (whatever code the engine's build dispatched to).
+        std::vector<float> qtUsed(cols * r), pKernel(rows * r), qtKernel(cols * r, 0.0f), qKernel(cols * r);
+        kernels::toColumns(s.qUsed.data(), cols, r, qtUsed.data());
+        for (size_t i = 0; i < rows; ++i)
+          kernels::factorDots(mat.data() + i * cols, cols, qtUsed.data(), r, pKernel.data() + i * r);
+        EXPECT_EQ(std::memcmp(pKernel.data(), s.p.data(), pKernel.size() * 4), 0) << "P is not the kernel's";
+        kernels::accumulateRows(mat.data(), rows, cols, s.pOrthonormal.data(), r, qtKernel.data());
+        kernels::fromColumns(qtKernel.data(), cols, r, qKernel.data());
+        EXPECT_EQ(std::memcmp(qKernel.data(), s.q.data(), qKernel.size() * 4), 0) << "Q is not the kernel's";
+        if (dtype == SHOAL_F32) {
+          std::vector<float> qt(cols * r), a(cols);
+          kernels::toColumns(s.q.data(), cols, r, qt.data());  // n = 1: the kept Q is the sum
+          for (size_t i = 0; i < rows; ++i) {
+            kernels::productRow(s.pOrthonormal.data() + i * r, qt.data(), r, cols, a.data());
+            ASSERT_EQ(std::memcmp(a.data(), s.out.data() + i * cols, cols * 4), 0) << "A's row " << i;
+          }
+        }
         for (size_t i = 0; i < rows; ++i)
           for (int k = 0; k < r; ++k) {
             double sum = 0, absSum = 0;
