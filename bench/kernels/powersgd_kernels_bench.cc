@@ -6,8 +6,10 @@
 //
 //   OPENBLAS_NUM_THREADS=1 build-nocuda/bin/powersgd-kernels-bench --benchmark_min_time=0.5
 //
-// BM_Call/<rows>/<cols>/<rank>: one f32 matrix, error feedback on (the
-// default), a separate output (the input stays the same from call to call).
+// BM_Call/<rows>/<cols>/<rank>/<in_place>: one f32 matrix, error feedback on (the
+// default); in_place 0: a separate output (the input stays the same from call to
+// call); 1: the output is the input, as in training (M = g + e then stays the
+// same from call to call, up to rounding: g becomes the last A).
 // The time column that matters is CPU: this thread's CPU time per call, which
 // other jobs on a shared machine do not inflate (Time is wall clock).
 // Counters: P_ms, Q_ms, finish_ms, this thread's CPU time per call in round 0
@@ -16,7 +18,7 @@
 // CPU time of a call.
 // BM_DigitsSet/<rank>: the six gradients of examples/train/digits_mlp.py
 // (64-1024-1024-10: [1024 x 64], [1024 x 1024], [10 x 1024] and three biases,
-// which ride densely), one call each, as DistributedOptimizer submits them.
+// which ride densely), one call each, in place, as DistributedOptimizer submits them.
 // OPENBLAS_NUM_THREADS=1 keeps a BLAS-based build's helper threads (whose CPU
 // this thread's time would not count) out of the comparison.
 #include <benchmark/benchmark.h>
@@ -56,6 +58,7 @@ struct Tensor {
   std::string name;
   int64_t rows = 0, cols = 0;  // cols = 0: 1-D
   std::vector<float> input, output;
+  bool inPlace = false;  // output = input, as DistributedOptimizer's allreduces run
   void* state = nullptr;
 };
 
@@ -98,7 +101,7 @@ class Bench {
         tensor.input.shape[1] = t.cols;
       }
       tensor.output = tensor.input;
-      tensor.output.data = t.output.data();
+      tensor.output.data = t.inPlace ? t.input.data() : t.output.data();
       tensor.name = t.name.c_str();
       tensor.state = &t.state;
       shoal_compress_op_t op{};
@@ -163,6 +166,7 @@ void BM_Call(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   std::vector<Tensor> tensors;
   tensors.push_back(makeTensor("m", rows, cols, 1));
+  tensors.back().inPlace = state.range(3) != 0;
   Bench bench(int(state.range(2)), std::move(tensors));
   if (!bench.step()) {  // the first call draws Q and sizes the buffers: not timed
     state.SkipWithError(bench.error());
@@ -185,6 +189,7 @@ void BM_DigitsSet(benchmark::State& state) {
   tensors.push_back(makeTensor("fc2.weight", 1024, 1024, 3));
   tensors.push_back(makeTensor("fc1.bias", 1024, 0, 2));
   tensors.push_back(makeTensor("fc1.weight", 1024, 64, 1));
+  for (Tensor& t : tensors) t.inPlace = true;
   Bench bench(int(state.range(0)), std::move(tensors));
   if (!bench.step()) {
     state.SkipWithError(bench.error());
@@ -201,8 +206,9 @@ void BM_DigitsSet(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_Call)->ArgNames({"rows", "cols", "rank"})->Args({1024, 1024, 4})->Args({1024, 1024, 1})
-    ->Args({1024, 1024, 8})->Args({4096, 1024, 4})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Call)->ArgNames({"rows", "cols", "rank", "in_place"})->Args({1024, 1024, 4, 0})->Args({1024, 1024, 4, 1})
+    ->Args({1024, 1024, 1, 0})
+    ->Args({1024, 1024, 8, 0})->Args({4096, 1024, 4, 0})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DigitsSet)->ArgName("rank")->Arg(4)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -59,24 +59,44 @@ void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const M
 // reads M from its workspace).
 const void* inputOf(const StepIo& io, int t) { return io.inputs != nullptr ? io.inputs[t] : nullptr; }
 
-// The rows of one matrix's M = g + e_old, in f32, a block of rows at a time:
-// from the M workspace when the step has one (the plan), else formed from the
-// gradient and the error vector into an L1-sized scratch block (the
-// compressor: no workspace, one pass fewer, and e_old untouched until
-// finishStep writes the new error), or read from the gradient itself where
-// M = g in f32 (ef=0).
+// The rows of one matrix's M = g + e_old, in f32, a block of rows at a time.
+// Where they live:
+//  - the M workspace, when the step has one (the plan, whose later phases do
+//    not see the gradients);
+//  - else, for f32 with error feedback (the compressor's common case), the
+//    error vector itself: phaseP turns it into M (e := g + e_old, a block at a
+//    time, then P from the block while it is in L1), the later phases read M
+//    there and finishStep turns it into e_new = M - A in place. No workspace,
+//    and the Q and finish passes read one array instead of two;
+//  - else (f16/bf16 errors, or ef=0 with an f16/bf16 gradient) formed from the
+//    gradient and the error vector into an L1-sized scratch block each time,
+//    or (f32, ef=0: M = g) read from the gradient itself.
 class MatrixRows {
  public:
   static constexpr size_t kBlock = kernels::kRowBlock;
 
-  MatrixRows(const Options& options, shoal_dtype_t dtype, const void* g, const MatrixState& state, const float* m,
+  MatrixRows(const Options& options, shoal_dtype_t dtype, const void* g, MatrixState& state, const float* m,
              size_t cols, std::vector<float>& scratch)
       : options_(options), dtype_(dtype), g_(g), state_(state), m_(m), cols_(cols), scratch_(scratch) {
-    if (m_ == nullptr && !(dtype_ == SHOAL_F32 && !options_.ef) && scratch_.size() < kBlock * cols_)
-      scratch_.resize(kBlock * cols_);
+    inError_ = m_ == nullptr && dtype_ == SHOAL_F32 && options_.ef;
+    if (inError_) m_ = reinterpret_cast<float*>(state_.error.data());
+    if (m_ == nullptr && dtype_ != SHOAL_F32 && scratch_.size() < kBlock * cols_) scratch_.resize(kBlock * cols_);
   }
 
-  // Rows [first, first + count) of M, contiguous (count <= kBlock).
+  // Whether M is the error vector (finishStep then writes e_new over it).
+  bool inError() const { return inError_; }
+
+  // phaseP: rows [first, first + count) of M, contiguous (count <= kBlock),
+  // formed in the error vector where M lives there.
+  const float* form(size_t first, size_t count) const {
+    if (!inError_) return rows(first, count);
+    float* e = reinterpret_cast<float*>(state_.error.data()) + first * cols_;
+    const float* g = static_cast<const float*>(g_) + first * cols_;
+    for (size_t i = 0; i < count * cols_; ++i) e[i] += g[i];  // e + g: the bits of g + e
+    return e;
+  }
+
+  // The later phases: the same rows, as phaseP left them.
   const float* rows(size_t first, size_t count) const {
     if (m_ != nullptr) return m_ + first * cols_;
     if (dtype_ == SHOAL_F32 && !options_.ef) return static_cast<const float*>(g_) + first * cols_;
@@ -88,10 +108,11 @@ class MatrixRows {
   const Options& options_;
   shoal_dtype_t dtype_;
   const void* g_;
-  const MatrixState& state_;
+  MatrixState& state_;
   const float* m_;
   size_t cols_;
   std::vector<float>& scratch_;
+  bool inError_ = false;
 };
 
 // Orthonormalizes the warm-start Q (drawing it on the first step), redrawing
@@ -214,7 +235,7 @@ size_t phaseP(const Options& options, const Layout& layout, bool plain, const St
       float* p = pbuf + entry.pOffset;
       for (size_t i = 0; i < group.rows; i += MatrixRows::kBlock) {
         const size_t count = std::min(MatrixRows::kBlock, group.rows - i);
-        const float* block = rows.rows(i, count);
+        const float* block = rows.form(i, count);
         for (size_t b = 0; b < count; ++b)
           kernels::factorDots(block + b * group.cols, group.cols, qt.data(), group.r, p + (i + b) * group.r);
       }
@@ -297,7 +318,10 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
             if (options.ef) {
               const float* mi = block + b * cols;
               float* ei = reinterpret_cast<float*>(state.error.data()) + i * cols;
-              for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - ai[j];
+              if (source.inError())  // M is e: e_new = M - A over it (its own loop: no aliasing check)
+                for (size_t j = 0; j < cols; ++j) ei[j] -= ai[j];
+              else
+                for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - ai[j];
             }
             if (!average)
               for (size_t j = 0; j < cols; ++j) oi[j] = ai[j] * n;
