@@ -203,7 +203,19 @@ std::string checkState(MatrixState& state, const Shape& shape, shoal_dtype_t dty
   return "";
 }
 
-size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf, float* mbuf) {
+// The three phases are compiled twice, for the build's target and for AVX2
+// (the loader picks one by the CPU): the same operations in the same order
+// (AVX2 brings no FMA contraction), so the same bits, with twice the lanes
+// per instruction for the kernels (tests/unit/test_powersgd_kernels.cc checks
+// the engine's bits against the kernels compiled for the build's target).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SHOAL_POWERSGD_PHASE __attribute__((target_clones("avx2", "default")))
+#else
+#define SHOAL_POWERSGD_PHASE
+#endif
+
+SHOAL_POWERSGD_PHASE size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                    float* pbuf, float* mbuf) {
   if (plain) {
     for (int t = 0; t < io.num; ++t) {
       const Entry& entry = layout.entries[t];
@@ -243,8 +255,8 @@ size_t phaseP(const Options& options, const Layout& layout, bool plain, const St
   return layout.pElems + layout.denseElems;
 }
 
-size_t phaseQ(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf,
-              const float* mbuf, float* qbuf) {
+SHOAL_POWERSGD_PHASE size_t phaseQ(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                    float* pbuf, const float* mbuf, float* qbuf) {
   if (plain || layout.compressed == 0) return 0;
   std::vector<float> qt, scratch;
   for (const Group& group : layout.groups)
@@ -266,8 +278,9 @@ size_t phaseQ(const Options& options, const Layout& layout, bool plain, const St
   return layout.qElems;
 }
 
-void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io, const float* pbuf,
-                const float* qbuf, const float* mbuf, int worldSize, shoal_op_t op) {
+SHOAL_POWERSGD_PHASE void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                     const float* pbuf, const float* qbuf, const float* mbuf, int worldSize,
+                                     shoal_op_t op) {
   const float n = static_cast<float>(worldSize);
   const bool average = op == SHOAL_AVG;
   auto writeDense = [&](int t, const float* sum) {
