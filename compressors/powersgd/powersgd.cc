@@ -17,10 +17,11 @@
 //            call it is drawn from a counter-based RNG keyed by (seed, FNV-1a
 //            hash of the tensor's name, generation), and any column that is
 //            zero (e.g. after an all-zero gradient) is redrawn with the next
-//            generation, so Q never gets stuck at zero. P_w = M_w Q. M is not
-//            stored: each round forms its rows from g and e_old as it reads
-//            them (powersgd_engine.h), so the input must stay as it is until
-//            the outputs are written, and e_old is untouched until round 2.
+//            generation, so Q never gets stuck at zero. P_w = M_w Q. No M
+//            workspace (powersgd_engine.h): for f32 tensors with ef=1 the
+//            error vector becomes M here (e := g + e_old) and round 2 writes
+//            e_new over it; otherwise each round forms M's rows from the input
+//            (which must stay as it is until the outputs are written) and e.
 //            The products are the row kernels of powersgd_kernels.h.
 //            Payload 0: one f32 buffer [every P, same-shape matrices adjacent |
 //            every dense tensor's M], allreduce SUM (P = sum_w P_w, not
@@ -30,12 +31,14 @@
 //            Payload 0: flat f32 buffer of every Q, allreduce SUM.
 //            (No compressed tensor: the outputs are written and the call is done.)
 //   round 2: Q = Q_sum / n is kept for the warm start (the same bits on every
-//            rank); A = P Qᵀ, the approximation of the *average* M (plain
-//            loops, so every rank computes the same bits); out = A (avg) or
+//            rank); A = P Qᵀ, the approximation of the *average* M (loops in
+//            a fixed order, so every rank computes the same bits); out = A (avg) or
 //            n * A (sum); e_new = M_w - A (PyTorch: error = input copy - the
 //            decompressed average); dense tensors: out = sum (avg: / n),
 //            e_new = 0. So out == sum_w (g_w + e_old_w - e_new_w) (avg: / n) up
-//            to rounding. A call that fails between rounds leaves e_old as it was.
+//            to rounding. A call that fails between rounds leaves e = g + e_old
+//            (f32, ef=1: the failed step's gradient carried by the error
+//            feedback) or e_old (f16/bf16) in the tensor's state.
 // If the summed matrix has rank <= r (and Q's columns are in general position
 // with respect to it), P spans its column space and P Pᵀ M_sum = M_sum, so the
 // output is exact up to rounding from the first call on.

@@ -16,11 +16,14 @@
 //
 // Where M lives: with an M workspace (mbuf, layout.mElems floats: the plan,
 // whose phases do not see the gradients again) phaseP writes M there and the
-// later phases read it. Without one (mbuf == nullptr: the compressor) every
-// phase forms M's rows from io.inputs and the error vectors as it reads them,
-// a block of rows at a time, so io.inputs must stay unchanged until
-// finishStep has read them (it reads a block's rows before writing that
-// block's outputs, so the output may be the input). Both give the same bits.
+// later phases read it. Without one (mbuf == nullptr: the compressor), for an
+// f32 matrix with error feedback phaseP turns the error vector into M
+// (e := g + e_old), phaseQ reads it there and finishStep writes e_new over
+// it; otherwise every phase forms M's rows from io.inputs (and the f16/bf16
+// error vector) a block of rows at a time, so io.inputs must stay unchanged
+// until finishStep has read them (it reads a block's rows before writing
+// that block's outputs, so the output may be the input). All give the same
+// bits. A step abandoned between phases leaves e = g + e_old in the f32 case.
 //
 // The products are the row kernels of powersgd_kernels.h (each reads M once,
 // no packing); their sums run in a fixed order, so the same inputs give the
