@@ -18,8 +18,9 @@
 //                   blocks of 4 or one by one.
 //   productRow      a[j] = ((0 + p[0] qt[0][j]) + p[1] qt[1][j]) + ..., k
 //                   ascending: the bits of the plain loop the step had before.
-// Columns of the factor are taken 4 at a time (fewer for the rest), so each
-// kernel's accumulators stay in registers at any r.
+// Columns of the factor are taken 8 (factorDots) or 4 at a time, then fewer
+// for the rest, so the accumulators stay in registers (AVX2's 16 for 8
+// columns) at any r; the bits do not depend on this chunking.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +80,7 @@ inline void productRowFixed(const float* p, const float* qt, size_t cols, bool f
 // factor transposed, [r x cols].
 inline void factorDots(const float* m, size_t cols, const float* qt, int r, float* p) {
   int k = 0;
+  for (; k + 2 * kFactorStep <= r; k += 2 * kFactorStep) detail::factorDotsFixed<8>(m, cols, qt + k * cols, cols, p + k);
   for (; k + kFactorStep <= r; k += kFactorStep) detail::factorDotsFixed<4>(m, cols, qt + k * cols, cols, p + k);
   switch (r - k) {
     case 3: detail::factorDotsFixed<3>(m, cols, qt + k * cols, cols, p + k); break;
