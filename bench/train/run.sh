@@ -3,7 +3,7 @@
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
 #                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
-#                      [--build DIR] [--report-only]
+#                      [--build DIR] [--report-only] [--bind]
 #
 # With neither --fidelity nor --speed it runs both.
 #
@@ -20,7 +20,9 @@
 # with every compressor, DDP gloo dense, DDP + fp16_compress_hook and DDP + powerSGD_hook, each
 # for --speed-steps steps (time per step, first 3 steps left out), and the same step on one rank
 # without communication (the limit). bench/netns/wire.sh counts the bytes each host's interface
-# sent meanwhile (<config>.wire). A run that fails is recorded with its error. Needs root
+# sent meanwhile (<config>.wire). --bind binds each rank to its own share of the CPUs
+# (bench/train/bind.sh, as shoalrun --bind-to cores does on one host; bench/netns/run.sh leaves
+# the ranks unbound). A run that fails is recorded with its error. Needs root
 # and ip netns (bench/netns/cluster.sh); the cluster is removed on exit.
 #
 # Results: OUT/fidelity/<task>/<config>-s<seed>.{json,log}, OUT/speed/<rate>/<task>/<config>.
@@ -51,6 +53,7 @@ docs=1
 cluster=shoaltrain
 only=""
 report_only=0
+bind=0
 : "${RUN_TIMEOUT:=900}"   # seconds per launch
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -66,6 +69,7 @@ while (($#)); do
     --speed-steps) speed_steps=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --report-only) report_only=1; shift ;;
+    --bind) bind=1; shift ;;
     --quick) quick=1; shift ;;
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
@@ -157,6 +161,8 @@ if ((speed)); then
   else
     trap '"$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1' EXIT
     machine "speed start"
+    bind_prefix=()
+    ((bind)) && bind_prefix=("$here/bind.sh")
     speed_tasks=""
     for task in $tasks; do [[ $task == pufferfish_cnn ]] || speed_tasks+=" $task"; done
     for task in $speed_tasks; do   # the limit: the same step on one rank, no communication
@@ -177,7 +183,8 @@ if ((speed)); then
           # shellcheck disable=SC2086
           run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/wire.sh" --name "$cluster" \
             "$out/speed/$rate/$task/$name.wire" -- "$repo/bench/netns/run.sh" --name "$cluster" \
-            --timeout-s "$RUN_TIMEOUT" "$PYTHON" "$repo/examples/train/$task.py" $(task_args "$task") $args \
+            --timeout-s "$RUN_TIMEOUT" "${bind_prefix[@]}" "$PYTHON" "$repo/examples/train/$task.py" \
+            $(task_args "$task") $args \
             --epochs 1 --max-steps "$speed_steps"
         done < <(configs_speed)
       done

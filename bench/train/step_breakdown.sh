@@ -5,12 +5,14 @@
 # once (two independent processes: the compute step under the same contention for 2 cores).
 #
 #   bench/train/step_breakdown.sh [--build DIR] [--out DIR] [--steps N] [--where "loopback netns"]
-#                                 [--only LIST] [--timeline]
+#                                 [--only LIST] [--timeline] [--bind]
 #
 # loopback: 2 ranks under shoalrun on this host; netns: 2 emulated hosts at 1 Gbit/s
 # (bench/netns/cluster.sh; needs root). --only: a comma list of configuration names
 # (digits-none, digits-powersgd, embeddings-sketch, ...). --timeline: rank 0 also writes a
-# SHOAL_TIMELINE trace per run, summarized by bench/train/timeline_summary.py.
+# SHOAL_TIMELINE trace per run, summarized by bench/train/timeline_summary.py. --bind: the netns
+# ranks are bound to their own share of the CPUs (bench/train/bind.sh; shoalrun binds the loopback
+# ranks by default).
 # Each run's "profile:" lines (one per rank) go to OUT/<where>-<config>.log and to stdout.
 set -uo pipefail
 
@@ -22,6 +24,7 @@ steps=30
 where="loopback netns"
 only=""
 timeline=0
+bind=0
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -30,6 +33,7 @@ while (($#)); do
     --where) where=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --timeline) timeline=1; shift ;;
+    --bind) bind=1; shift ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -74,6 +78,7 @@ for place in $where; do
       { echo "cluster.sh up failed: $(tail -1 "$out/cluster.log")" >&2; continue; }
     trap '"$repo/bench/netns/cluster.sh" down --name shoalstep >/dev/null 2>&1' EXIT
     launcher=("$repo/bench/netns/run.sh" --name shoalstep --timeout-s 300)
+    ((bind)) && launcher+=("$here/bind.sh")
   fi
   while IFS=: read -r name task args; do
     wanted "$name" || continue
@@ -86,7 +91,7 @@ for place in $where; do
     echo "== $place $name"
     grep -h "profile:\|^load" "$log"
     if ((timeline)) && [[ -s "$out/$place-$name.trace.json" ]]; then
-      "$PYTHON" "$here/timeline_summary.py" "$out/$place-$name.trace.json" --steps "$steps" | head -20
+      "$PYTHON" "$here/timeline_summary.py" "$out/$place-$name.trace.json" | head -30
     fi
   done < <(configs)
   [[ $place == netns ]] && "$repo/bench/netns/cluster.sh" down --name shoalstep >/dev/null 2>&1

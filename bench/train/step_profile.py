@@ -26,8 +26,8 @@ medians over the steps (wall clock, ms) and means (CPU, ms):
   rounds, collectives, tensors, full rounds per step: shoal.async_stats() over the same steps
   neg_us      the engine's time in negotiation rounds per step (async_stats' negotiation_us)
 
-With SHOAL_TIMELINE set, rank 0's trace is summarized after the run: each phase's count per step
-and median duration (bench/train/timeline_summary.py does the same for any trace).
+With SHOAL_TIMELINE set, shoal writes rank 0's trace as always; bench/train/timeline_summary.py
+summarizes it (bench/train/step_breakdown.sh --timeline runs both).
 """
 import os
 import runpy

@@ -137,7 +137,7 @@ size_t Plan::phaseQ(float* pbuf, float* qbuf) {
     return count;
   }
 #endif
-  count = powersgd::phaseQ(options_, layout_, plain_, pbuf, mbuf_.data(), qbuf);
+  count = powersgd::phaseQ(options_, layout_, plain_, io(nullptr, nullptr), pbuf, mbuf_.data(), qbuf);
   phase_ = Phase::ExpectFinish;
   return count;
 }

@@ -11,27 +11,34 @@
 // scalars, small or square-ish ones) rides densely in the P payload.
 //
 // Per call, on every rank (n ranks; M_w below is rank w's matrix):
-//   round 0: M = g + e_old in an f32 workspace (ef=1; e_old = 0 the first
+//   round 0: M = g + e_old in f32 (ef=1; e_old = 0 the first
 //            time; ef=0: M = g). Q (per tensor state, identical on every rank)
 //            is orthonormalized (Gram-Schmidt, powersgd_math.h); on the first
 //            call it is drawn from a counter-based RNG keyed by (seed, FNV-1a
 //            hash of the tensor's name, generation), and any column that is
 //            zero (e.g. after an all-zero gradient) is redrawn with the next
-//            generation, so Q never gets stuck at zero. P_w = M_w Q (BLAS sgemm).
+//            generation, so Q never gets stuck at zero. P_w = M_w Q. No M
+//            workspace (powersgd_engine.h): for f32 tensors with ef=1 the
+//            error vector becomes M here (e := g + e_old) and round 2 writes
+//            e_new over it; otherwise each round forms M's rows from the input
+//            (which must stay as it is until the outputs are written) and e.
+//            The products are the row kernels of powersgd_kernels.h.
 //            Payload 0: one f32 buffer [every P, same-shape matrices adjacent |
 //            every dense tensor's M], allreduce SUM (P = sum_w P_w, not
 //            divided: orthonormalization removes the scale).
 //   round 1: P orthonormalized (zero-column guard: a column that is zero or in
-//            the span of the earlier ones becomes 0, never NaN); Q_w = M_wᵀ P
-//            (sgemm). Payload 0: flat f32 buffer of every Q, allreduce SUM.
+//            the span of the earlier ones becomes 0, never NaN); Q_w = M_wᵀ P.
+//            Payload 0: flat f32 buffer of every Q, allreduce SUM.
 //            (No compressed tensor: the outputs are written and the call is done.)
 //   round 2: Q = Q_sum / n is kept for the warm start (the same bits on every
-//            rank); A = P Qᵀ, the approximation of the *average* M (plain
-//            loops, so every rank computes the same bits); out = A (avg) or
+//            rank); A = P Qᵀ, the approximation of the *average* M (loops in
+//            a fixed order, so every rank computes the same bits); out = A (avg) or
 //            n * A (sum); e_new = M_w - A (PyTorch: error = input copy - the
 //            decompressed average); dense tensors: out = sum (avg: / n),
 //            e_new = 0. So out == sum_w (g_w + e_old_w - e_new_w) (avg: / n) up
-//            to rounding. A call that fails between rounds leaves e_old as it was.
+//            to rounding. A call that fails between rounds leaves e = g + e_old
+//            (f32, ef=1: the failed step's gradient carried by the error
+//            feedback) or e_old (f16/bf16) in the tensor's state.
 // If the summed matrix has rank <= r (and Q's columns are in general position
 // with respect to it), P spans its column space and P Pᵀ M_sum = M_sum, so the
 // output is exact up to rounding from the first call on.
@@ -86,9 +93,9 @@ constexpr const char* kOptionsHelp =
     "others go dense (default 2); seed=<uint64>: seed of the initial Q (default 0). f32, f16, bf16 (factor math "
     "in f32); tensors need a name";
 
-// One call's host buffers: the P and Q payloads and the M workspace.
+// One call's host buffers: the P and Q payloads (no M workspace: see round 0).
 struct HostBuffers {
-  std::vector<float> p, q, m;
+  std::vector<float> p, q;
 };
 
 struct Instance {
@@ -120,7 +127,6 @@ struct OpState {
   HostBuffers buffers;
   std::vector<float>& pbuf = buffers.p;
   std::vector<float>& qbuf = buffers.q;
-  std::vector<float>& mbuf = buffers.m;
   StepIo io() const {
     return {static_cast<int>(states.size()), dtypes.data(), inputs.data(), outputs.data(), states.data(), keys.data()};
   }
@@ -312,7 +318,7 @@ shoal_status_t finishOutputs(const Instance& instance, OpState& state, shoal_com
   }
 #endif
   finishStep(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), state.qbuf.data(),
-             state.mbuf.data(), op->world_size, op->op);
+             nullptr, op->world_size, op->op);
   return roundsDone(round);
 }
 
@@ -349,9 +355,7 @@ shoal_status_t round0(const Instance& instance, OpState& state, shoal_compress_o
   const Layout& layout = state.layout;
   state.pbuf.resize(state.plain ? layout.plainElems : layout.pElems + layout.denseElems);
   state.qbuf.resize(state.plain ? 0 : layout.qElems);
-  state.mbuf.resize(state.plain ? 0 : layout.mElems);
-  const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(),
-                              state.mbuf.data());
+  const size_t count = phaseP(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), nullptr);
   if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.pbuf.data(), count);
   return SHOAL_OK;
@@ -363,7 +367,7 @@ shoal_status_t round1(const Instance& instance, OpState& state, shoal_compress_o
     return SHOAL_ERR_INTERNAL;
   }
   const size_t count =
-      phaseQ(instance.options, state.layout, state.plain, state.pbuf.data(), state.mbuf.data(), state.qbuf.data());
+      phaseQ(instance.options, state.layout, state.plain, state.io(), state.pbuf.data(), nullptr, state.qbuf.data());
   if (count == 0) return finishOutputs(instance, state, op, round);
   requestOnePayload(round, SHOAL_COLLECTIVE_ALLREDUCE, SHOAL_F32, SHOAL_SUM, state.qbuf.data(), count);
   return SHOAL_OK;

@@ -1,14 +1,14 @@
 // The CPU PowerSGD step (see powersgd_engine.h).
 #include "compressors/powersgd/powersgd_engine.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/numeric/element_ops.h"
 #include "core/numeric/dtype.h"
+#include "compressors/powersgd/powersgd_kernels.h"
 #include "compressors/powersgd/powersgd_math.h"
 
 namespace shoal::powersgd {
@@ -37,12 +37,12 @@ void storeFromFloat(shoal_dtype_t dtype, void* data, size_t i, float value) {
   }
 }
 
-// dst[i] = g[i] + e[i] (ef) or g[i], in f32.
-void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const MatrixState& state, size_t count,
-             float* dst) {
+// dst[i] = g[i] + e[i] (ef) or g[i], in f32, for i in [first, first + count).
+void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const MatrixState& state, size_t first,
+             size_t count, float* dst) {
   if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
-    const auto* gf = static_cast<const float*>(g);
-    const auto* ef = reinterpret_cast<const float*>(state.error.data());
+    const auto* gf = static_cast<const float*>(g) + first;
+    const auto* ef = reinterpret_cast<const float*>(state.error.data()) + first;
     if (!options.ef) {
       if (count) std::memcpy(dst, gf, count * sizeof(float));
     } else {
@@ -50,9 +50,70 @@ void gatherM(const Options& options, shoal_dtype_t dtype, const void* g, const M
     }
     return;
   }
-  for (size_t i = 0; i < count; ++i)
-    dst[i] = loadAsFloat(dtype, g, i) + (options.ef ? loadAsFloat(dtype, state.error.data(), i) : 0.0f);
+  for (size_t i = first; i < first + count; ++i)
+    dst[i - first] =
+        loadAsFloat(dtype, g, i) + (options.ef ? loadAsFloat(dtype, state.error.data(), i) : 0.0f);
 }
+
+// The gradient of matrix t, or nullptr where the step passes none (the plan after phaseP: it
+// reads M from its workspace).
+const void* inputOf(const StepIo& io, int t) { return io.inputs != nullptr ? io.inputs[t] : nullptr; }
+
+// The rows of one matrix's M = g + e_old, in f32, a block of rows at a time.
+// Where they live:
+//  - the M workspace, when the step has one (the plan, whose later phases do
+//    not see the gradients);
+//  - else, for f32 with error feedback (the compressor's common case), the
+//    error vector itself: phaseP turns it into M (e := g + e_old, a block at a
+//    time, then P from the block while it is in L1), the later phases read M
+//    there and finishStep turns it into e_new = M - A in place. No workspace,
+//    and the Q and finish passes read one array instead of two;
+//  - else (f16/bf16 errors, or ef=0 with an f16/bf16 gradient) formed from the
+//    gradient and the error vector into an L1-sized scratch block each time,
+//    or (f32, ef=0: M = g) read from the gradient itself.
+class MatrixRows {
+ public:
+  static constexpr size_t kBlock = kernels::kRowBlock;
+
+  MatrixRows(const Options& options, shoal_dtype_t dtype, const void* g, MatrixState& state, const float* m,
+             size_t cols, std::vector<float>& scratch)
+      : options_(options), dtype_(dtype), g_(g), state_(state), m_(m), cols_(cols), scratch_(scratch) {
+    inError_ = m_ == nullptr && dtype_ == SHOAL_F32 && options_.ef;
+    if (inError_) m_ = reinterpret_cast<float*>(state_.error.data());
+    if (m_ == nullptr && dtype_ != SHOAL_F32 && scratch_.size() < kBlock * cols_) scratch_.resize(kBlock * cols_);
+  }
+
+  // Whether M is the error vector (finishStep then writes e_new over it).
+  bool inError() const { return inError_; }
+
+  // phaseP: rows [first, first + count) of M, contiguous (count <= kBlock),
+  // formed in the error vector where M lives there.
+  const float* form(size_t first, size_t count) const {
+    if (!inError_) return rows(first, count);
+    float* e = reinterpret_cast<float*>(state_.error.data()) + first * cols_;
+    const float* g = static_cast<const float*>(g_) + first * cols_;
+    for (size_t i = 0; i < count * cols_; ++i) e[i] += g[i];  // e + g: the bits of g + e
+    return e;
+  }
+
+  // The later phases: the same rows, as phaseP left them.
+  const float* rows(size_t first, size_t count) const {
+    if (m_ != nullptr) return m_ + first * cols_;
+    if (dtype_ == SHOAL_F32 && !options_.ef) return static_cast<const float*>(g_) + first * cols_;
+    gatherM(options_, dtype_, g_, state_, first * cols_, count * cols_, scratch_.data());
+    return scratch_.data();
+  }
+
+ private:
+  const Options& options_;
+  shoal_dtype_t dtype_;
+  const void* g_;
+  MatrixState& state_;
+  const float* m_;
+  size_t cols_;
+  std::vector<float>& scratch_;
+  bool inError_ = false;
+};
 
 // Orthonormalizes the warm-start Q (drawing it on the first step), redrawing
 // zero columns from the RNG (at most a few times: a random column is zero or
@@ -142,7 +203,19 @@ std::string checkState(MatrixState& state, const Shape& shape, shoal_dtype_t dty
   return "";
 }
 
-size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf, float* mbuf) {
+// The three phases are compiled twice, for the build's target and for AVX2
+// (the loader picks one by the CPU): the same operations in the same order
+// (AVX2 brings no FMA contraction), so the same bits, with twice the lanes
+// per instruction for the kernels (tests/unit/test_powersgd_kernels.cc checks
+// the engine's bits against the kernels compiled for the build's target).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SHOAL_POWERSGD_PHASE __attribute__((target_clones("avx2", "default")))
+#else
+#define SHOAL_POWERSGD_PHASE
+#endif
+
+SHOAL_POWERSGD_PHASE size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                    float* pbuf, float* mbuf) {
   if (plain) {
     for (int t = 0; t < io.num; ++t) {
       const Entry& entry = layout.entries[t];
@@ -153,40 +226,61 @@ size_t phaseP(const Options& options, const Layout& layout, bool plain, const St
   }
   for (int t = 0; t < io.num; ++t) {
     const Entry& entry = layout.entries[t];
-    if (!entry.shape.r) gatherM(options, io.dtypes[t], io.inputs[t], *io.states[t], entry.shape.count, pbuf + entry.pOffset);
+    if (!entry.shape.r)
+      gatherM(options, io.dtypes[t], io.inputs[t], *io.states[t], 0, entry.shape.count, pbuf + entry.pOffset);
   }
+  std::vector<float> qt, scratch;
   for (const Group& group : layout.groups)
     for (int t : group.members) {
       const Entry& entry = layout.entries[t];
       MatrixState& state = *io.states[t];
-      float* m = mbuf + entry.mOffset;
-      gatherM(options, io.dtypes[t], io.inputs[t], state, entry.shape.count, m);
+      const float* m = nullptr;
+      if (mbuf != nullptr) {
+        gatherM(options, io.dtypes[t], io.inputs[t], state, 0, entry.shape.count, mbuf + entry.mOffset);
+        m = mbuf + entry.mOffset;
+      }
       prepareQ(options.seed, io.keys[t], state);
-      // P_w [rows x r] = M [rows x cols] · Q [cols x r]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(group.rows), group.r,
-                  static_cast<int>(group.cols), 1.0f, m, static_cast<int>(group.cols), state.q.data(), group.r, 0.0f,
-                  pbuf + entry.pOffset, group.r);
+      // P_w [rows x r] = M [rows x cols] · Q [cols x r], row by row (powersgd_kernels.h)
+      qt.resize(group.cols * group.r);
+      kernels::toColumns(state.q.data(), group.cols, group.r, qt.data());
+      const MatrixRows rows(options, io.dtypes[t], io.inputs[t], state, m, group.cols, scratch);
+      float* p = pbuf + entry.pOffset;
+      for (size_t i = 0; i < group.rows; i += MatrixRows::kBlock) {
+        const size_t count = std::min(MatrixRows::kBlock, group.rows - i);
+        const float* block = rows.form(i, count);
+        for (size_t b = 0; b < count; ++b)
+          kernels::factorDots(block + b * group.cols, group.cols, qt.data(), group.r, p + (i + b) * group.r);
+      }
     }
   return layout.pElems + layout.denseElems;
 }
 
-size_t phaseQ(const Options&, const Layout& layout, bool plain, float* pbuf, const float* mbuf, float* qbuf) {
+SHOAL_POWERSGD_PHASE size_t phaseQ(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                    float* pbuf, const float* mbuf, float* qbuf) {
   if (plain || layout.compressed == 0) return 0;
+  std::vector<float> qt, scratch;
   for (const Group& group : layout.groups)
     for (int t : group.members) {
       const Entry& entry = layout.entries[t];
       float* p = pbuf + entry.pOffset;
       orthogonalize(p, group.rows, group.r);
-      // Q_w [cols x r] = Mᵀ [cols x rows] · P [rows x r]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(group.cols), group.r,
-                  static_cast<int>(group.rows), 1.0f, mbuf + entry.mOffset, static_cast<int>(group.cols), p, group.r,
-                  0.0f, qbuf + entry.qOffset, group.r);
+      // Q_w [cols x r] = Mᵀ [cols x rows] · P [rows x r], accumulated over the rows of M in order into its
+      // columns (qt [r x cols]), then laid out as the Q buffer holds it
+      qt.assign(group.cols * group.r, 0.0f);
+      const MatrixRows rows(options, io.dtypes[t], inputOf(io, t), *io.states[t],
+                            mbuf != nullptr ? mbuf + entry.mOffset : nullptr, group.cols, scratch);
+      for (size_t i = 0; i < group.rows; i += MatrixRows::kBlock) {
+        const size_t count = std::min(MatrixRows::kBlock, group.rows - i);
+        kernels::accumulateRows(rows.rows(i, count), count, group.cols, p + i * group.r, group.r, qt.data());
+      }
+      kernels::fromColumns(qt.data(), group.cols, group.r, qbuf + entry.qOffset);
     }
   return layout.qElems;
 }
 
-void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io, const float* pbuf,
-                const float* qbuf, const float* mbuf, int worldSize, shoal_op_t op) {
+SHOAL_POWERSGD_PHASE void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io,
+                                     const float* pbuf, const float* qbuf, const float* mbuf, int worldSize,
+                                     shoal_op_t op) {
   const float n = static_cast<float>(worldSize);
   const bool average = op == SHOAL_AVG;
   auto writeDense = [&](int t, const float* sum) {
@@ -203,7 +297,7 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
     writeDense(t, pbuf + entry.pOffset);
     if (options.ef) std::fill(io.states[t]->error.begin(), io.states[t]->error.end(), 0);
   }
-  std::vector<float> qt, a;
+  std::vector<float> qt, a, scratch;
   for (const Group& group : layout.groups) {
     const int r = group.r;
     const size_t rows = group.rows, cols = group.cols;
@@ -214,36 +308,46 @@ void finishStep(const Options& options, const Layout& layout, bool plain, const 
       MatrixState& state = *io.states[t];
       const float* qsum = qbuf + entry.qOffset;
       for (size_t i = 0; i < cols * r; ++i) state.q[i] = qsum[i] / n;  // Q of the average, kept for the warm start
-      // A = P Qᵀ row by row: A[i, :] = sum_k P[i, k] Qᵀ[k, :], k ascending from 0
-      // (plain loops: the same bits on every rank, whatever BLAS threading does).
+      kernels::toColumns(state.q.data(), cols, r, qt.data());
       const float* p = pbuf + entry.pOffset;
-      for (size_t j = 0; j < cols; ++j)
-        for (int k = 0; k < r; ++k) qt[k * cols + j] = state.q[j * r + k];
-      const float* m = mbuf + entry.mOffset;
       const shoal_dtype_t dtype = io.dtypes[t];
-      for (size_t i = 0; i < rows; ++i) {
-        const float* pi = p + i * r;
-        std::fill(a.begin(), a.end(), 0.0f);
-        for (int k = 0; k < r; ++k) {
-          const float pik = pi[k];
-          const float* qk = qt.data() + k * cols;
-          for (size_t j = 0; j < cols; ++j) a[j] += pik * qk[j];
+      // M's rows are read (formed from g and e_old) a block at a time before
+      // that block's error and output rows are written: the output may be the
+      // gradient itself.
+      const MatrixRows source(options, dtype, inputOf(io, t), state, mbuf != nullptr ? mbuf + entry.mOffset : nullptr,
+                              cols, scratch);
+      for (size_t first = 0; first < rows; first += MatrixRows::kBlock) {
+        const size_t count = std::min(MatrixRows::kBlock, rows - first);
+        // ef=0 reads no M (out = A only): no rows to form.
+        const float* block = options.ef ? source.rows(first, count) : nullptr;
+        for (size_t b = 0; b < count; ++b) {
+          const size_t i = first + b;
+          // A = P Qᵀ row by row: A[i, :] = sum_k P[i, k] Qᵀ[k, :], k ascending from 0
+          // (the same bits on every rank: P and Q are the allreduced sums).
+          if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
+            float* oi = static_cast<float*>(io.outputs[t]) + i * cols;
+            float* ai = average ? oi : a.data();  // the average is A itself: written in place
+            kernels::productRow(p + i * r, qt.data(), r, cols, ai);
+            if (options.ef) {
+              const float* mi = block + b * cols;
+              float* ei = reinterpret_cast<float*>(state.error.data()) + i * cols;
+              if (source.inError())  // M is e: e_new = M - A over it (its own loop: no aliasing check)
+                for (size_t j = 0; j < cols; ++j) ei[j] -= ai[j];
+              else
+                for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - ai[j];
+            }
+            if (!average)
+              for (size_t j = 0; j < cols; ++j) oi[j] = ai[j] * n;
+            continue;
+          }
+          kernels::productRow(p + i * r, qt.data(), r, cols, a.data());
+          if (options.ef) {
+            const float* mi = block + b * cols;
+            for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, state.error.data(), i * cols + j, mi[j] - a[j]);
+          }
+          for (size_t j = 0; j < cols; ++j)
+            storeFromFloat(dtype, io.outputs[t], i * cols + j, average ? a[j] : a[j] * n);
         }
-        const float* mi = m + i * cols;
-        if (dtype == SHOAL_F32) {  // the common case, in loops the compiler vectorizes
-          float* ei = reinterpret_cast<float*>(state.error.data()) + i * cols;
-          float* oi = static_cast<float*>(io.outputs[t]) + i * cols;
-          if (options.ef)
-            for (size_t j = 0; j < cols; ++j) ei[j] = mi[j] - a[j];
-          if (average)
-            std::memcpy(oi, a.data(), cols * sizeof(float));
-          else
-            for (size_t j = 0; j < cols; ++j) oi[j] = a[j] * n;
-          continue;
-        }
-        if (options.ef)
-          for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, state.error.data(), i * cols + j, mi[j] - a[j]);
-        for (size_t j = 0; j < cols; ++j) storeFromFloat(dtype, io.outputs[t], i * cols + j, average ? a[j] : a[j] * n);
       }
     }
   }

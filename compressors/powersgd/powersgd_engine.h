@@ -3,7 +3,7 @@
 // two give the same bits for the same inputs.
 //
 // A step over a list of matrices (one call of the compressor, or one plan):
-//   phaseP:   M = g + e_old (f32 workspace, whatever the gradient dtype), the
+//   phaseP:   M = g + e_old in f32 (whatever the gradient dtype), the
 //             warm-start Q orthonormalized (drawn on the first step), P_w = M Q;
 //             the P buffer = [every P, same-shape groups adjacent | every dense
 //             tensor's g + e_old], to be allreduced with SUM.
@@ -14,9 +14,22 @@
 // A plain step (before start_iter) lays every tensor densely in the P buffer,
 // one allreduce, e untouched.
 //
-// Matrices of one shape (rows, cols, r) form a group whose P, Q and M blocks are
-// adjacent (strided), so the GPU path runs one strided-batched GEMM per group;
-// the CPU path runs one sgemm per matrix, group by group.
+// Where M lives: with an M workspace (mbuf, layout.mElems floats: the plan,
+// whose phases do not see the gradients again) phaseP writes M there and the
+// later phases read it. Without one (mbuf == nullptr: the compressor), for an
+// f32 matrix with error feedback phaseP turns the error vector into M
+// (e := g + e_old), phaseQ reads it there and finishStep writes e_new over
+// it; otherwise every phase forms M's rows from io.inputs (and the f16/bf16
+// error vector) a block of rows at a time, so io.inputs must stay unchanged
+// until finishStep has read them (it reads a block's rows before writing
+// that block's outputs, so the output may be the input). All give the same
+// bits. A step abandoned between phases leaves e = g + e_old in the f32 case.
+//
+// The products are the row kernels of powersgd_kernels.h (each reads M once,
+// no packing); their sums run in a fixed order, so the same inputs give the
+// same bits on every rank. Matrices of one shape (rows, cols, r) form a group
+// whose P, Q and M blocks are adjacent (strided), so the GPU path runs one
+// strided-batched GEMM per group.
 #pragma once
 
 #include <cstddef>
@@ -119,9 +132,12 @@ bool supportedDtype(shoal_dtype_t dtype);
 std::string checkState(MatrixState& state, const Shape& shape, shoal_dtype_t dtype);
 
 // Each returns the elements of its buffer to allreduce (SUM, f32); 0: none.
-// pbuf has layout.pBufferElems(), qbuf layout.qElems, mbuf layout.mElems.
+// pbuf has layout.pBufferElems(), qbuf layout.qElems; mbuf is the M workspace
+// (layout.mElems) or nullptr (M formed from io.inputs in every phase; see above).
+// The same mbuf (or none) and the same io.inputs go to all three phases.
 size_t phaseP(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf, float* mbuf);
-size_t phaseQ(const Options& options, const Layout& layout, bool plain, float* pbuf, const float* mbuf, float* qbuf);
+size_t phaseQ(const Options& options, const Layout& layout, bool plain, const StepIo& io, float* pbuf,
+              const float* mbuf, float* qbuf);
 void finishStep(const Options& options, const Layout& layout, bool plain, const StepIo& io, const float* pbuf,
                 const float* qbuf, const float* mbuf, int worldSize, shoal_op_t op);
 
