@@ -81,6 +81,24 @@ inline float* appendMembers(const float* x, uint64_t mask, float* out) {
   return out;
 }
 
+// addMemberStats and appendMembers in one pass over the set bits (one loop,
+// one mispredicted exit per word instead of two).
+inline float* addMembers(const float* x, uint64_t mask, LocalStats& s, float* out) {
+  for (; mask; mask &= mask - 1) {
+    const float v = x[__builtin_ctzll(mask)];
+    *out++ = v;
+    if (!isFinite(v)) {
+      s.nonfinite = true;
+      continue;
+    }
+    const FloatParts p = decompose(v);
+    s.any = true;
+    s.top = std::max(s.top, p.top);
+    s.lowest = std::min(s.lowest, p.lowest);
+  }
+  return out;
+}
+
 // Room for a tensor's nonzero values, allocated but not initialised (the
 // pages a sparse tensor never reaches are never touched).
 struct LocalValues {
@@ -107,8 +125,8 @@ inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, Local
     const uint64_t mask = nonzeroMask64(block);
     words[w] = mask;
     if (mask) {
-      addMemberStats(block, mask, s);
-      if (out) out = appendMembers(block, mask, out);
+      if (out) out = addMembers(block, mask, s, out);
+      else addMemberStats(block, mask, s);
     }
   }
   if (const size_t tail = count % 64; tail != 0) {
@@ -116,8 +134,8 @@ inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, Local
     const float* block = x + 64 * full;
     for (size_t k = 0; k < tail; ++k) mask |= uint64_t(isNonzero(block[k])) << k;
     words[full] = mask;
-    addMemberStats(block, mask, s);
-    if (out) out = appendMembers(block, mask, out);
+    if (out) out = addMembers(block, mask, s, out);
+    else addMemberStats(block, mask, s);
   }
   if (values) values->size = size_t(out - values->data.get());
   return s;
