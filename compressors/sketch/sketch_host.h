@@ -75,14 +75,9 @@ inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
   }
 }
 
-// Writes x[0..64)'s members named by mask at out, in index order; returns the end.
-inline float* appendMembers(const float* x, uint64_t mask, float* out) {
-  for (; mask; mask &= mask - 1) *out++ = x[__builtin_ctzll(mask)];
-  return out;
-}
-
-// addMemberStats and appendMembers in one pass over the set bits (one loop,
-// one mispredicted exit per word instead of two).
+// addMemberStats, and x[0..64)'s members named by mask written at out in index
+// order (returns the end), in one loop over the set bits: one mispredicted
+// loop exit per word instead of two.
 inline float* addMembers(const float* x, uint64_t mask, LocalStats& s, float* out) {
   for (; mask; mask &= mask - 1) {
     const float v = x[__builtin_ctzll(mask)];
