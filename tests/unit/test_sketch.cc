@@ -939,7 +939,7 @@ TEST(SketchChunks, CorruptedChunkPayloadsRefusedOnEveryRank) {
   auto setWord = [](shoal::test::Delivered& d, size_t i, uint64_t w) { std::memcpy(d.bytes.data() + 8 * i, &w, 8); };
   struct Corruption {
     const char* needle;
-    shoal::test::CompressorRounds::Hook hook;
+    shoal::test::Hook hook;
   };
   const Corruption corruptions[] = {
       {"past the tensor's count",
