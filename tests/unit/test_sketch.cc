@@ -589,6 +589,37 @@ TEST(SketchMath, OneLimbFastPathMatchesBigPath) {
   }
 }
 
+TEST(SketchMath, TwoLimbFastPathMatchesBigPath) {
+  // decodeLimbs with K = 2 (the 128-bit path for sums and avg over 2^k ranks)
+  // against the 512-bit path, over limb widths, signs, scales that reach
+  // subnormals, overflow and zero, and rank counts (3, 5, ... keep the 512-bit path).
+  for (uint64_t s = 0; s < 200000; ++s) {
+    const int64_t S0 = int64_t(mix64(s)) >> (mix64(s + 1) % 64);
+    const int64_t S1 = s % 7 == 0 ? 0 : int64_t(mix64(s + 4)) >> (mix64(s + 5) % 64);
+    const int L = 32 + int(mix64(s + 6) % 32);  // 63 - ceil(log2 n) for n up to 2^31
+    const int Q = int(mix64(s + 2) % 400) - 300;
+    const int n = 1 + int(mix64(s + 3) % 16);
+    const bool avg = (s & 1) != 0;
+    shoal::sketch::Big b;
+    shoal::sketch::bigZero(b);
+    shoal::sketch::bigAddShifted(b, S0, 0);
+    shoal::sketch::bigAddShifted(b, S1, L);
+    const bool negative = shoal::sketch::bigNegative(b);
+    if (negative) shoal::sketch::bigNegate(b);
+    bool sticky = false;
+    int q = Q;
+    if (avg && n > 1 && shoal::sketch::bigTop(b) >= 0) {
+      sticky = shoal::sketch::bigShiftDivide(b, uint64_t(n));
+      q -= 64;
+    }
+    const float slow = shoal::sketch::roundToFloat(b, q, sticky, negative);
+    const uint64_t limbs[2] = {uint64_t(S0), uint64_t(S1)};
+    const float fast = shoal::sketch::decodeLimbs(limbs, 1, 2, L, Q, n, avg);
+    ASSERT_EQ(bitsOf(fast), bitsOf(slow)) << "S0 " << S0 << " S1 " << S1 << " L " << L << " Q " << Q << " n " << n
+                                          << (avg ? " avg" : " sum");
+  }
+}
+
 TEST(SketchMath, RoundToFloatMatchesCastsOnIntegers) {
   // Big integers of up to 64 bits at many scales: roundToFloat == the correctly
   // rounded conversion (long double holds a 64-bit integer exactly; ldexp exact).
