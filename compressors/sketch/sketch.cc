@@ -73,6 +73,13 @@
 //   takes the values round as above. Lossless either way.
 // values=dense when not exact falls back to compact; values=sketch with
 // |U| = 0 sends nothing. Tensors with |U| = 0 need no values round.
+// chunk=C (host tensors, default 2^22 elements): an operation of one tensor of
+//   at least 2C elements (values=auto|compact|dense, bitmap index, no ratio)
+//   goes in P <= 8 chunks, each exactly as a tensor of its own (own index,
+//   scale and mode), staggered over P + 1 rounds: round r carries chunk r's
+//   index and chunk r-1's values while a helper thread scans chunk r+1 and
+//   writes chunk r-2's output, so the dense passes overlap the wire
+//   (pipelineRound).
 //
 // Options: kOptionsHelp. dtypes: f32 only (f64 would need the same rule with
 // 53-bit significands and up to 2^11 exponents: more limbs; not done). Host
@@ -92,7 +99,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -118,7 +128,10 @@ constexpr const char* kOptionsHelp =
     "expected_density=<float in (0, 1)>: the expected union density that sizes the Bloom filter (default 0.001); "
     "ratio=<float in [1.5, 1e6]>: a count sketch of count/ratio cells sized in advance and sent with the index "
     "(one round when it peels; default off: the sketch is sized after the index); cells=i64|f32: the sketch's "
-    "cells (default i64; f32: 4-byte cells, used only where every partial sum is provably exact, else i64)";
+    "cells (default i64; f32: 4-byte cells, used only where every partial sum is provably exact, else i64); "
+    "chunk=<elements>: one host tensor of at least two chunks travels in chunks of this many elements (at most 8 "
+    "chunks), the next chunk's index encoded while the previous one's values are on the wire (default 4194304; 0: "
+    "one piece; values=auto|compact|dense with the bitmap index, no ratio)";
 
 struct TensorPlan {
   size_t count = 0;
@@ -150,11 +163,14 @@ struct TensorPlan {
   // values=compact as f32 (at dense, valueOffset) when f32 sums are exact.
   bool compactF32 = false;  // |U| recovered exact sums (leftovers: from limbs)
   std::vector<float> result;         // |U| decoded values
+  const float* resultView = nullptr; // or, when set, where they already are (compact f32 sums: the payload)
   // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
   bool presized = false, presizedValid = false;
   int Tg = 0, Qg = 0, Kg = 0;
   size_t presizedOffset = 0;
 };
+
+struct Pipeline;
 
 struct OpState {
   std::vector<TensorPlan> plans;
@@ -163,6 +179,24 @@ struct OpState {
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
   void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
+  std::unique_ptr<Pipeline> pipeline;  // set when one large tensor goes in chunks (pipelineStart)
+};
+
+// One chunk of the pipelined path (see pipelineRound).
+struct Chunk {
+  shoal_compress_tensor_t tensor{};
+  shoal_compress_op_t op{};  // the operation's fields, with this chunk as its one tensor
+  OpState state;
+};
+
+struct Pipeline {
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  int next = 0;          // the round the next round() call handles
+  std::thread helper;    // at most one task in flight, joined at the start of every round() and in finish()
+  bool helperFailed = false;
+  ~Pipeline() {
+    if (helper.joinable()) helper.join();
+  }
 };
 
 const float* inputOf(const shoal_compress_tensor_t& t) { return static_cast<const float*>(t.input.data); }
@@ -213,6 +247,15 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
                   value.c_str());
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
+    } else if (key == "chunk") {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || value[0] == '-' || end == nullptr || *end != '\0' || v > (1ull << 40)) {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: chunk='%s' is not a whole number of elements in [0, 2^40]", value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
+      config.chunk = size_t(v);
     } else if (key == "ratio") {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
@@ -233,30 +276,10 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
 
 void destroy(void* instance) { delete static_cast<Instance*>(instance); }
 
-shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
-  const Instance& inst = *static_cast<Instance*>(instance);
-  if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
-#if SHOAL_WITH_CUDA
-    void* device = nullptr;
-    if (shoal_status_t status = deviceStart(inst, op, &device); status != SHOAL_OK) return status;
-    auto* state = new OpState;
-    state->device = device;
-    *opState = state;
-    return SHOAL_OK;
-#else
-    writeText(op->error_text, op->error_text_size, "sketch: CUDA tensors need a build with SHOAL_WITH_CUDA");
-    return SHOAL_ERR_UNSUPPORTED;
-#endif
-  }
-  for (int t = 0; t < op->num_tensors; ++t) {
-    const shoal_tensor_t& in = op->tensors[t].input;
-    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST || op->tensors[t].output.memory != SHOAL_MEMORY_HOST) {
-      writeText(op->error_text, op->error_text_size,
-                "sketch: the tensors of one operation must all be f32 host tensors (tensor %d is not)", t);
-      return SHOAL_ERR_INVALID_ARGUMENT;
-    }
-  }
-  auto* state = new OpState;
+// The host path's state of one operation: the index's kind and size per
+// tensor (from the options and shapes alone, so every rank agrees without a
+// round trip), and in ratio mode the pre-sized sketch.
+void setUpHost(const Instance& inst, shoal_compress_op_t* op, OpState* state) {
   state->plans.resize(op->num_tensors);
   size_t words = 0;
   for (int t = 0; t < op->num_tensors; ++t) {
@@ -293,6 +316,40 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
     state->presized.assign(cells, 0);
   }
   state->stats.assign(state->statsStride * size_t(op->num_tensors), 0);
+}
+
+size_t pipelineChunk(const Instance& inst, const shoal_compress_op_t* op);
+OpState* pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk);
+
+shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
+  const Instance& inst = *static_cast<Instance*>(instance);
+  if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
+#if SHOAL_WITH_CUDA
+    void* device = nullptr;
+    if (shoal_status_t status = deviceStart(inst, op, &device); status != SHOAL_OK) return status;
+    auto* state = new OpState;
+    state->device = device;
+    *opState = state;
+    return SHOAL_OK;
+#else
+    writeText(op->error_text, op->error_text_size, "sketch: CUDA tensors need a build with SHOAL_WITH_CUDA");
+    return SHOAL_ERR_UNSUPPORTED;
+#endif
+  }
+  for (int t = 0; t < op->num_tensors; ++t) {
+    const shoal_tensor_t& in = op->tensors[t].input;
+    if (in.dtype != SHOAL_F32 || in.memory != SHOAL_MEMORY_HOST || op->tensors[t].output.memory != SHOAL_MEMORY_HOST) {
+      writeText(op->error_text, op->error_text_size,
+                "sketch: the tensors of one operation must all be f32 host tensors (tensor %d is not)", t);
+      return SHOAL_ERR_INVALID_ARGUMENT;
+    }
+  }
+  if (const size_t chunk = pipelineChunk(inst, op); chunk > 0) {
+    *opState = pipelineStart(inst, op, chunk);
+    return SHOAL_OK;
+  }
+  auto* state = new OpState;
+  setUpHost(inst, op, state);
   *opState = state;
   return SHOAL_OK;
 }
@@ -300,7 +357,7 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
 uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
 
 // Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
-void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
+void encodeIndex(OpState& s, shoal_compress_op_t* op) {
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
     const float* x = inputOf(op->tensors[t]);
@@ -342,13 +399,16 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
       for (int j = 0; j < 3; ++j) addLimbs(x[i], plan.Qg, L, plan.Kg, cells + cellOf(i, plan.geometry, j), stride);
     }
   }
-  round->num_payloads = 2;
-  setAllreducePayload(round->payloads[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
-  setAllreducePayload(round->payloads[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
-  if (!s.presized.empty()) {
-    round->num_payloads = 3;
-    setAllreducePayload(round->payloads[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
-  }
+}
+
+// Round 0's payloads: the index (OR), the statistics (MAX), in ratio mode the
+// pre-sized sketch (SUM). Returns how many.
+int indexPayloads(OpState& s, shoal_payload_t* out) {
+  setAllreducePayload(out[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
+  setAllreducePayload(out[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
+  if (s.presized.empty()) return 2;
+  setAllreducePayload(out[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+  return 3;
 }
 
 // The K limbs of each leftover member (limb-major, m per limb), summed next.
@@ -518,6 +578,14 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
     }
     if (plan.mode == Mode::None) continue;
     uint64_t* base = s.values.data() + plan.valueOffset;
+    if (plan.mode == Mode::Compact && plan.compactF32 && !plan.nonfinite && plan.haveLocal) {
+      // The common case, f32 values and no Inf/NaN anywhere: this rank's values go straight into the
+      // payload (memberValues writes its own nonzero values and +0 elsewhere, never -0).
+      if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
+                        plan.localValues.size, s.dense.data() + plan.valueOffset))
+        return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+      continue;
+    }
     std::vector<float> mine(u);  // this rank's value at each member of U
     if (plan.haveLocal) {
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
@@ -565,7 +633,8 @@ void writeOutputs(OpState& s, shoal_compress_op_t* op) {
       }
       continue;
     }
-    writeMembers(out, plan.count, plan.members.data(), plan.result.data(), plan.members.size());
+    writeMembers(out, plan.count, plan.members.data(), plan.resultView ? plan.resultView : plan.result.data(),
+                 plan.members.size());
   }
 }
 
@@ -588,6 +657,10 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
           plan.limbs[size_t(k) * u + plan.leftover[l]] = plan.leftoverBase[size_t(k) * m + l];
       limbs = plan.limbs.data();
     }
+    if (plan.mode == Mode::Compact && plan.compactF32 && !plan.nonfinite && !avg) {
+      plan.resultView = s.dense.data() + plan.valueOffset;  // the exact sums as they arrived: no copy
+      continue;
+    }
     plan.result.resize(u);
     std::vector<uint8_t> fromLimbs;
     if (plan.floatCells) {  // recovered members: their exact f32 sum; leftovers: their limbs
@@ -606,14 +679,154 @@ void decodeKnown(OpState& s, shoal_compress_op_t* op, bool leftoversArrived) {
   }
 }
 
+// Round 1's payloads (the values of every tensor: pre-sized sketch leftovers,
+// limbs, f32 values or cells, Inf/NaN words), in that order. Returns how many
+// (0: nothing to send).
+int valuePayloads(OpState& s, shoal_payload_t* out) {
+  int np = 0;
+  if (!s.presizedLeftovers.empty())
+    setAllreducePayload(out[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(), s.presizedLeftovers.size());
+  if (!s.values.empty()) setAllreducePayload(out[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
+  if (!s.dense.empty()) setAllreducePayload(out[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
+  if (!s.specials.empty())
+    setAllreducePayload(out[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
+  return np;
+}
+
+// ---- the pipelined path: one large host tensor in chunks ---------------------
+// Each rank's CPU work (round 0's scan of the input, the dense output write)
+// otherwise runs strictly before and after the wire, with the link idle. A
+// large tensor is therefore cut into chunks of whole bitmap words, each an
+// independent tensor of its own sub-operation (own index, scale, mode and
+// payloads: exact by the same rule), and the rounds are staggered: round r
+// sends chunk r's index and chunk r-1's values, while a helper thread scans
+// chunk r+1 and decodes chunk r-2 (values arrived in round r-1) during round r's
+// collectives. P chunks take P + 1 rounds. Every payload is read by the same
+// checked functions as the one-piece path (readIndex, encodeValues, ...).
+// Only where rounds are exactly two per tensor: values=auto|compact|dense,
+// bitmap index, no ratio, one tensor per operation.
+constexpr size_t kMaxChunks = 8;
+
+// Elements per chunk, or 0 when the operation goes in one piece. At most
+// kMaxChunks chunks (larger chunks for larger tensors: each chunk costs one
+// more round of small collectives), each a multiple of 64 elements.
+size_t pipelineChunk(const Instance& inst, const shoal_compress_op_t* op) {
+  if (inst.chunk == 0 || op->num_tensors != 1 || inst.ratio > 0 || inst.bloom || inst.mode == Mode::Sketch) return 0;
+  const size_t count = shoal::elementsCount(op->tensors[0].input);
+  size_t chunk = std::max(inst.chunk, (count + kMaxChunks - 1) / kMaxChunks);
+  chunk = (chunk + 63) / 64 * 64;
+  return count >= 2 * chunk ? chunk : 0;
+}
+
+OpState* pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk) {
+  auto* state = new OpState;
+  state->pipeline = std::make_unique<Pipeline>();
+  const shoal_compress_tensor_t& whole = op->tensors[0];
+  const size_t count = shoal::elementsCount(whole.input);
+  auto* in = static_cast<float*>(whole.input.data);
+  auto* out = static_cast<float*>(whole.output.data);
+  for (size_t offset = 0; offset < count; offset += chunk) {
+    auto c = std::make_unique<Chunk>();
+    const size_t n = std::min(chunk, count - offset);
+    c->tensor = whole;
+    c->tensor.input = shoal_tensor_1d(in + offset, n, SHOAL_F32);
+    c->tensor.output = shoal_tensor_1d(out + offset, n, SHOAL_F32);
+    c->op = *op;
+    c->op.num_tensors = 1;
+    c->op.tensors = &c->tensor;
+    setUpHost(inst, &c->op, &c->state);
+    state->pipeline->chunks.push_back(std::move(c));
+  }
+  return state;
+}
+
+// Runs task on the helper thread (on this one if no thread can be started).
+template <class Task>
+void startHelper(Pipeline& p, Task task) {
+  auto guarded = [&p, task] {
+    try {
+      task();
+    } catch (...) {  // out of memory: reported by the next round() on the calling thread
+      p.helperFailed = true;
+    }
+  };
+  try {
+    p.helper = std::thread(guarded);
+  } catch (const std::system_error&) {
+    guarded();
+  }
+}
+
+// Names the chunk in a chunk's error text (its checks speak of "round 0,
+// tensor 0": the chunk's own sub-operation).
+shoal_status_t chunkFailed(shoal_compress_op_t* op, shoal_status_t status, int chunk, int chunks) {
+  char text[512];
+  std::snprintf(text, sizeof text, "%s", op->error_text_size > 0 ? op->error_text : "");
+  writeText(op->error_text, op->error_text_size, "%s [chunk %d of the tensor's %d, its index sent in round %d]", text,
+            chunk, chunks, chunk);
+  return status;
+}
+
+shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op, shoal_round_t* round) {
+  Pipeline& p = *s.pipeline;
+  const int chunks = int(p.chunks.size());
+  for (;;) {  // repeats only when a round has nothing to send
+    const int r = p.next++;
+    if (p.helper.joinable()) p.helper.join();
+    if (p.helperFailed) {
+      writeText(op->error_text, op->error_text_size, "sketch: out of memory in the pipelined encode or decode");
+      return SHOAL_ERR_INTERNAL;
+    }
+    if (r == 0) encodeIndex(p.chunks[0]->state, &p.chunks[0]->op);
+    if (r >= 1 && r <= chunks) {  // chunk r-1's index arrived: its values go now
+      Chunk& c = *p.chunks[r - 1];
+      shoal_status_t status = readIndex(inst, c.state, &c.op);
+      if (status == SHOAL_OK) status = encodeValues(inst, c.state, &c.op);
+      if (status != SHOAL_OK) return chunkFailed(op, status, r - 1, chunks);
+    }
+    if (r == chunks + 1) {  // the last chunk's values arrived: the call ends here
+      Chunk& c = *p.chunks[chunks - 1];
+      decodeKnown(c.state, &c.op, true);
+      writeOutputs(c.state, &c.op);
+      return roundsDone(round);
+    }
+    Chunk* scan = r + 1 < chunks ? p.chunks[r + 1].get() : nullptr;
+    Chunk* decode = r >= 2 ? p.chunks[r - 2].get() : nullptr;
+    if (scan || decode)
+      startHelper(p, [scan, decode] {
+        if (scan) encodeIndex(scan->state, &scan->op);
+        if (decode) {
+          decodeKnown(decode->state, &decode->op, true);
+          writeOutputs(decode->state, &decode->op);
+        }
+      });
+    int np = 0;
+    if (r < chunks) np += indexPayloads(p.chunks[r]->state, round->payloads);
+    if (r >= 1) {
+      OpState& values = p.chunks[r - 1]->state;
+      shoal_payload_t extra[SHOAL_MAX_ROUND_PAYLOADS];
+      const int nv = valuePayloads(values, extra);
+      if (np + nv > SHOAL_MAX_ROUND_PAYLOADS) {  // two index payloads + one value dtype + Inf/NaN words
+        writeText(op->error_text, op->error_text_size, "sketch: %d payloads in pipelined round %d", np + nv, r);
+        return SHOAL_ERR_INTERNAL;
+      }
+      for (int v = 0; v < nv; ++v) round->payloads[np++] = extra[v];
+    }
+    round->num_payloads = np;
+    if (np > 0) return SHOAL_OK;
+  }
+}
+
 shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, shoal_round_t* round) {
   Instance& inst = *static_cast<Instance*>(instance);
   OpState& s = *static_cast<OpState*>(opState);
 #if SHOAL_WITH_CUDA
   if (s.device != nullptr) return deviceRound(inst, s.device, op, round);
 #endif
+  if (s.pipeline) return pipelineRound(inst, s, op, round);
   if (round->index == 0) {
-    encodeIndex(s, op, round);
+    encodeIndex(s, op);
+    round->num_payloads = indexPayloads(s, round->payloads);
     s.stage = 0;
     return SHOAL_OK;
   }
@@ -621,16 +834,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
     if (shoal_status_t status = readIndex(inst, s, op); status != SHOAL_OK) return status;
     if (shoal_status_t status = encodeValues(inst, s, op); status != SHOAL_OK) return status;
     s.stage = 1;
-    int np = 0;
-    if (!s.presizedLeftovers.empty())
-      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.presizedLeftovers.data(),
-                          s.presizedLeftovers.size());
-    if (!s.values.empty())
-      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_SUM, s.values.data(), s.values.size());
-    if (!s.dense.empty())
-      setAllreducePayload(round->payloads[np++], SHOAL_F32, SHOAL_SUM, s.dense.data(), s.dense.size());
-    if (!s.specials.empty())
-      setAllreducePayload(round->payloads[np++], SHOAL_U64, SHOAL_BOR, s.specials.data(), s.specials.size());
+    const int np = valuePayloads(s, round->payloads);
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
     // Nothing to send: every tensor is zero, or its pre-sized sketch peeled completely.

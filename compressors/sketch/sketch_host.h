@@ -75,9 +75,22 @@ inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
   }
 }
 
-// Writes x[0..64)'s members named by mask at out, in index order; returns the end.
-inline float* appendMembers(const float* x, uint64_t mask, float* out) {
-  for (; mask; mask &= mask - 1) *out++ = x[__builtin_ctzll(mask)];
+// addMemberStats, and x[0..64)'s members named by mask written at out in index
+// order (returns the end), in one loop over the set bits: one mispredicted
+// loop exit per word instead of two.
+inline float* addMembers(const float* x, uint64_t mask, LocalStats& s, float* out) {
+  for (; mask; mask &= mask - 1) {
+    const float v = x[__builtin_ctzll(mask)];
+    *out++ = v;
+    if (!isFinite(v)) {
+      s.nonfinite = true;
+      continue;
+    }
+    const FloatParts p = decompose(v);
+    s.any = true;
+    s.top = std::max(s.top, p.top);
+    s.lowest = std::min(s.lowest, p.lowest);
+  }
   return out;
 }
 
@@ -107,8 +120,8 @@ inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, Local
     const uint64_t mask = nonzeroMask64(block);
     words[w] = mask;
     if (mask) {
-      addMemberStats(block, mask, s);
-      if (out) out = appendMembers(block, mask, out);
+      if (out) out = addMembers(block, mask, s, out);
+      else addMemberStats(block, mask, s);
     }
   }
   if (const size_t tail = count % 64; tail != 0) {
@@ -116,8 +129,8 @@ inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, Local
     const float* block = x + 64 * full;
     for (size_t k = 0; k < tail; ++k) mask |= uint64_t(isNonzero(block[k])) << k;
     words[full] = mask;
-    addMemberStats(block, mask, s);
-    if (out) out = appendMembers(block, mask, out);
+    if (out) out = addMembers(block, mask, s, out);
+    else addMemberStats(block, mask, s);
   }
   if (values) values->size = size_t(out - values->data.get());
   return s;

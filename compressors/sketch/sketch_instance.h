@@ -24,6 +24,9 @@ struct Instance {
   double expectedDensity = 0.001;
   double ratio = 0;  // > 0: pre-sized sketch in round 0 (host tensors)
   bool floatCells = false;  // cells=f32: 4-byte cells where provably exact (host tensors)
+  // chunk=: one host tensor of at least two chunks goes in chunks of this many elements, pipelined
+  // (sketch.cc, pipelineRound); 0: in one piece.
+  size_t chunk = size_t(1) << 22;
   // ratio mode: the scale (T, Q) agreed by the last operation, per (tensor position, count). Every
   // rank sees the same operations in the same order, so every rank guesses alike; round 0 checks
   // that they did (guess words) and that the values fit, else falls back losslessly.

@@ -415,6 +415,20 @@ SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
 // sum_k S_k 2^(k L + Q) (divided by n for avg), rounded once.
 SHOAL_HD inline float decodeLimbs(const uint64_t* limbs, size_t stride, int K, int L, int Q, int n, bool avg) {
   if (K == 1) return decodeOneLimb(static_cast<int64_t>(limbs[0]), Q, avg ? n : 1);
+  // Two limbs (values spanning up to ~2 L bits): S0 + S1 2^L lies below 2^127
+  // in magnitude (|S_k| <= 2^63, L <= 63), so the exact sum is rounded once
+  // straight from a 128-bit integer; avg over 2^k ranks only lowers the scale
+  // by k (exact). Other rank counts divide on the 512-bit path below.
+  if (K == 2 && L <= 63 && (!avg || (n & (n - 1)) == 0)) {
+    const __int128 v = static_cast<__int128>(static_cast<int64_t>(limbs[stride])) * (static_cast<__int128>(1) << L) +
+                       static_cast<int64_t>(limbs[0]);
+    const bool negative = v < 0;
+    const unsigned __int128 mag =
+        negative ? static_cast<unsigned __int128>(0) - static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+    int shift = 0;
+    while (avg && (1 << shift) < n) ++shift;
+    return roundToFloat128(mag, Q - shift, false, negative);
+  }
   Big big;
   bigZero(big);
   for (int k = 0; k < K; ++k) bigAddShifted(big, static_cast<int64_t>(limbs[size_t(k) * stride]), k * L);

@@ -25,6 +25,7 @@ int fuzzSketchRounds(const uint8_t* data, size_t size, FeedsRound feedsRound) {
       {{"ratio", "2"}},
       {{"index", "bloom"}, {"expected_density", "0.05"}},
       {{"values", "sketch"}, {"cells", "f32"}},
+      {{"chunk", "64"}},  // counts >= 256: 2..6 chunks, the pipelined rounds
   };
   const auto& options = kOptions[data[0] % (sizeof kOptions / sizeof kOptions[0])];
   const size_t count = 1 + size_t(data[1]) * 3;
