@@ -1,4 +1,14 @@
-#include "collectives/common/reducer.h"
+// A function's static: built on first use, whatever the order of static initialisers.
+const Table& table() {
+  static const Table built;
+  return built;
+}
+
+// Values outside the enums (a C caller's) have no entry.
+Entry entryOf(shoal_dtype_t dtype, shoal_op_t op) {
+  const auto d = static_cast<unsigned>(dtype), o = static_cast<unsigned>(op);
+  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return {nullptr, nullptr, nullptr};
+  return table().entries[d][o];#include "collectives/common/reducer.h"
 
 #include <algorithm>
 
@@ -116,12 +126,35 @@ Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
   }
 }
 
+// Every (dtype, op) pair's loops, looked up once per process: a small
+// allreduce checks its pair and builds its Reducer with two loads.
+struct Table {
+  Entry entries[SHOAL_DTYPE_COUNT][SHOAL_OP_COUNT];
+  Table() {
+    for (int d = 0; d < SHOAL_DTYPE_COUNT; ++d)
+      for (int o = 0; o < SHOAL_OP_COUNT; ++o)
+        entries[d][o] = lookup(static_cast<shoal_dtype_t>(d), static_cast<shoal_op_t>(o));
+  }
+};
+// A function's static: built on first use, whatever the order of static initialisers.
+const Table& table() {
+  static const Table built;
+  return built;
+}
+
+// Values outside the enums (a C caller's) have no entry.
+Entry entryOf(shoal_dtype_t dtype, shoal_op_t op) {
+  const auto d = static_cast<unsigned>(dtype), o = static_cast<unsigned>(op);
+  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return {nullptr, nullptr, nullptr};
+  return table().entries[d][o];
+}
+
 }  // namespace
 
-bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return lookup(dtype, op).combine != nullptr; }
+bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return entryOf(dtype, op).combine != nullptr; }
 
 Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), elementSize_(dtypeSize(dtype)) {
-  Entry entry = lookup(dtype, op);
+  Entry entry = entryOf(dtype, op);
   if (entry.combine == nullptr)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
   combine_ = entry.combine;

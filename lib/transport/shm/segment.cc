@@ -221,7 +221,7 @@ std::unique_ptr<SharedSegment> SharedSegment::open(Store& store, const std::stri
 SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes,
                              std::vector<long> pids)
     : mapping_(std::move(mapping)), rank_(rank), size_(size), slotBytes_(slotBytes),
-      slotStride_(slotStrideFor(slotBytes)), pids_(std::move(pids)) {
+      slotStride_(slotStrideFor(slotBytes)), slots_(mapping_->base + slotsOffset(size)), pids_(std::move(pids)) {
   // Spin a few microseconds (a peer that runs arrives within one or two),
   // then yield: a rank that keeps spinning while its peer waits for a core
   // (more ranks than cores, or a loaded machine) steals that core.
@@ -233,7 +233,7 @@ SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int siz
 SharedSegment::~SharedSegment() = default;
 
 uint8_t* SharedSegment::slot(int rank, int parity) const {
-  return mapping_->base + slotsOffset(size_) + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
+  return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
 }
 
 const uint8_t* SharedSegment::peerData(int rank) const {
