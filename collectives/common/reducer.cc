@@ -1,14 +1,4 @@
-// A function's static: built on first use, whatever the order of static initialisers.
-const Table& table() {
-  static const Table built;
-  return built;
-}
-
-// Values outside the enums (a C caller's) have no entry.
-Entry entryOf(shoal_dtype_t dtype, shoal_op_t op) {
-  const auto d = static_cast<unsigned>(dtype), o = static_cast<unsigned>(op);
-  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return {nullptr, nullptr, nullptr};
-  return table().entries[d][o];#include "collectives/common/reducer.h"
+#include "collectives/common/reducer.h"
 
 #include <algorithm>
 
@@ -22,20 +12,17 @@ namespace {
 using ops::BFloat16;
 using ops::Half;
 
+// Blocked spans with restrict-qualified parameters (element_ops.h): the
+// compiler vectorises and unrolls them without a runtime overlap check (a
+// restrict on local pointers, as these loops had, GCC does not use).
 template <typename T, typename Op>
 void combineLoop(void* dst, const void* src, size_t count) {
-  // __restrict lets the compiler vectorize: dst and src never overlap here.
-  T* __restrict d = static_cast<T*>(dst);
-  const T* __restrict s = static_cast<const T*>(src);
-  for (size_t i = 0; i < count; ++i) ops::combineElement(d, s, i, Op{});
+  ops::combineSpan(static_cast<T*>(dst), static_cast<const T*>(src), count, Op{});
 }
 
 template <typename T, typename Op>
 void combineIntoLoop(void* out, const void* a, const void* b, size_t count) {
-  T* __restrict o = static_cast<T*>(out);
-  const T* __restrict x = static_cast<const T*>(a);
-  const T* __restrict y = static_cast<const T*>(b);
-  for (size_t i = 0; i < count; ++i) ops::combineElementInto(o, x, y, i, Op{});
+  ops::combineSpanInto(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count, Op{});
 }
 
 // 16-bit floats: convert a chunk to f32 (vectorised), combine in f32, round

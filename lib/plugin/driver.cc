@@ -404,7 +404,7 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
 }  // namespace
 
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute route) {
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
   const size_t count = plugin::elementsCount(input);
   const size_t bytes = count * dtypeSize(input.dtype);
   CompressStats stats;

@@ -122,9 +122,10 @@ namespace shoal {
 // Allreduce of one tensor: compressed when a compressor is selected and the
 // tensor qualifies (op sum/avg, a dtype the compressor takes, at least the
 // minimum size), else the plain allreduce. `sequence` is the call's number.
-// `route` is routeOf(input, output), which the caller has (gpu/route.h).
+// `route` is routeOf(input, output), which the caller has (gpu/route.h); a
+// compressor that cannot run on CUDA tensors adds its refusal to it.
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute route);
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route);
 
 // Hook for the runtime's tensor fusion (lib/runtime/fusion.cc): ONE compressed
 // operation (one start, one series of round() calls) over every tensor of a

@@ -341,7 +341,8 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   atomicAt(header->number).store(number, std::memory_order_release);
   try {
     for (int step = 1; step < size_; ++step) {
-      int peer = (rank_ + step) % size_;  // staggered: not every rank polls rank 0 first
+      // Staggered: not every rank polls rank 0 first ((rank + step) mod size, without dividing).
+      const int peer = rank_ + step < size_ ? rank_ + step : rank_ + step - size_;
       auto* theirs = reinterpret_cast<SlotHeader*>(slot(peer, parity));
       // A peer already there costs one load; waitFor() spins, yields and checks.
       if (atomicAt(theirs->number).load(std::memory_order_acquire) != number)
