@@ -1,6 +1,7 @@
 // The allreduce algorithm table and the `auto` choice.
 #include "collectives/collectives.h"
 
+#include <iterator>
 #include <string_view>
 
 namespace shoal {
