@@ -55,7 +55,8 @@ struct CompressorDefaults {
   long long minBytes = 0;   // SHOAL_COMPRESS_MIN_BYTES
   // resolveCompressor gives "none" without options to a call that names
   // neither a compressor nor options: such calls skip resolving (a small
-  // allreduce's cost; allreduceTensor).
+  // allreduce's cost; allreduceTensor). fromEnvironment derives it from the
+  // fields above (whoever changes them must derive it again).
   bool plain = true;
   static CompressorDefaults fromEnvironment();
 };
