@@ -410,11 +410,13 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   CompressStats stats;
   stats.inputBytes = bytes;
 
-  // A call that names no compressor and no options, where the environment
-  // names none either, runs plain: no choice to resolve (name "" below).
+  // A call that names no compressor (or "none") and no options, where the
+  // environment names none either, runs plain: no choice to resolve (name ""
+  // below). resolveCompressor gives such a call "none" without options.
   const char* callCompressor = options ? options->compressor : nullptr;
   const char* callOptions = options ? options->compressor_options : nullptr;
-  const bool plainByDefault = comm.compressors->defaults.plain && (callCompressor == nullptr || !callCompressor[0]) &&
+  const bool plainByDefault = comm.compressors->defaults.plain &&
+                              (callCompressor == nullptr || !callCompressor[0] || std::strcmp(callCompressor, "none") == 0) &&
                               (callOptions == nullptr || !callOptions[0]);
   const plugin::CompressorChoice choice =
       plainByDefault ? plugin::CompressorChoice{}
