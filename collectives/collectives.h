@@ -41,9 +41,23 @@ struct AllreduceAlgorithm {
   AllreduceFn run;
 };
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms();
-// "auto" resolves by message size and rank count (and takes the shared
-// segment up to sharedMaxBytes, 0 where the communicator has none); an
-// unknown name is Error(SHOAL_ERR_NOT_FOUND) listing the valid ones.
+// The table's hierarchical entry (comm/hosts.cc chooses it for auto across hosts).
+const AllreduceAlgorithm& hierarchicalAllreduce();
+
+// An algorithm name (SHOAL_ALGO) resolved once, when the communicator is
+// made: what the name decides alone, so that choosing per call compares
+// sizes, never strings. "auto", "" and "bruck" (an alltoall algorithm) leave
+// the choice to the size; "aggregate" fixes the ring, its fallback.
+struct AllreduceChoice {
+  const AllreduceAlgorithm* fixed = nullptr;  // null: auto
+  bool aggregate = false;                     // SHOAL_ALGO=aggregate
+  // An unknown name is Error(SHOAL_ERR_NOT_FOUND) listing the valid ones.
+  static AllreduceChoice of(const std::string& name);
+  // The fixed algorithm, else auto's pick by message size and rank count
+  // (the shared segment up to sharedMaxBytes, 0 where the communicator has none).
+  const AllreduceAlgorithm& at(size_t bytes, int worldSize, size_t treeMaxBytes, size_t sharedMaxBytes = 0) const;
+};
+// AllreduceChoice::of(name).at(...), for a name that is not resolved already.
 const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize, size_t treeMaxBytes,
                                           size_t sharedMaxBytes = 0);
 

@@ -1,45 +1,67 @@
 // The allreduce algorithm table and the `auto` choice.
 #include "collectives/collectives.h"
 
+#include <iterator>
 #include <string_view>
 
 namespace shoal {
+namespace {
+
+// The table's order, for the choices made by size (AllreduceChoice::at).
+enum TableIndex { kRing, kTree, kDoubling, kHierarchical, kShm, kTableSize };
+
+const AllreduceAlgorithm kTable[kTableSize] = {
+    {"ring", "reduce-scatter + allgather around a ring, pipelined; bandwidth-optimal", allreduceRing},
+    {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
+    {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
+     allreduceRecursiveDoubling},
+    {"hierarchical", "reduce-scatter inside each host, ring across hosts per shard, allgather inside; for >= 2 hosts with "
+     "the same number (>= 2) of ranks on each, else the ring", allreduceHierarchical},
+    {"shm", "every rank writes its data into a shared-memory slot and reduces all slots in rank order; ranks on "
+            "one host, small messages", allreduceShm},
+};
+
+}  // namespace
 
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
-  static const std::vector<AllreduceAlgorithm> table = {
-      {"ring", "reduce-scatter + allgather around a ring, pipelined; bandwidth-optimal", allreduceRing},
-      {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
-      {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
-       allreduceRecursiveDoubling},
-      {"hierarchical", "reduce-scatter inside each host, ring across hosts per shard, allgather inside; for >= 2 hosts with "
-       "the same number (>= 2) of ranks on each, else the ring", allreduceHierarchical},
-      {"shm", "every rank writes its data into a shared-memory slot and reduces all slots in rank order; ranks on "
-              "one host, small messages", allreduceShm},
-  };
+  static const std::vector<AllreduceAlgorithm> table(std::begin(kTable), std::end(kTable));
   return table;
+}
+
+const AllreduceAlgorithm& hierarchicalAllreduce() { return kTable[kHierarchical]; }
+
+AllreduceChoice AllreduceChoice::of(const std::string& name) {
+  std::string_view wanted = name;
+  AllreduceChoice choice;
+  // bruck names an alltoall algorithm (alltoall/algos.cc): allreduce chooses as auto does.
+  if (wanted.empty() || wanted == "auto" || wanted == "bruck") return choice;
+  // aggregate: what the aggregators cannot add takes the ring (lib/aggregate/client.h).
+  choice.aggregate = wanted == "aggregate";
+  if (choice.aggregate) wanted = "ring";
+  for (const AllreduceAlgorithm& algorithm : kTable)
+    if (wanted == algorithm.name) {
+      choice.fixed = &algorithm;
+      return choice;
+    }
+  std::string names;
+  for (const AllreduceAlgorithm& algorithm : kTable) names += std::string(names.empty() ? "" : ", ") + algorithm.name;
+  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, bruck (an alltoall algorithm), {}",
+       name, names);
+}
+
+const AllreduceAlgorithm& AllreduceChoice::at(size_t bytes, int worldSize, size_t treeMaxBytes,
+                                              size_t sharedMaxBytes) const {
+  if (fixed != nullptr) return *fixed;
+  // One host: flags in shared memory beat any rendezvous for small messages.
+  if (worldSize > 1 && bytes <= sharedMaxBytes) return kTable[kShm];
+  // Recursive doubling wins while latency dominates (log2 n hops against
+  // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
+  return bytes <= treeMaxBytes || worldSize == 1 ? kTable[kDoubling] : kTable[kRing];
 }
 
 const AllreduceAlgorithm& selectAllreduce(const std::string& name, size_t bytes, int worldSize,
                                           size_t treeMaxBytes, size_t sharedMaxBytes) {
-  // Views, and the names list only on failure: this runs on every small allreduce.
-  std::string_view wanted = name;
-  if (wanted == "bruck") wanted = "auto";  // an alltoall algorithm (alltoall/algos.cc): allreduce chooses as auto does
-  if ((wanted.empty() || wanted == "auto") && worldSize > 1 && bytes <= sharedMaxBytes) {
-    wanted = "shm";  // one host: flags in shared memory beat any rendezvous for small messages
-  } else if (wanted.empty() || wanted == "auto") {
-    // Recursive doubling wins while latency dominates (log2 n hops against
-    // the ring's 2(n-1)); beyond treeMaxBytes the ring's bandwidth wins.
-    wanted = (bytes <= treeMaxBytes || worldSize == 1) ? "doubling" : "ring";
-  }
-  // aggregate: what the aggregators cannot add takes the ring (lib/aggregate/client.h).
-  if (wanted == "aggregate") wanted = "ring";
-  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms())
-    if (wanted == algorithm.name) return algorithm;
-  std::string names;
-  for (const AllreduceAlgorithm& algorithm : allreduceAlgorithms())
-    names += std::string(names.empty() ? "" : ", ") + algorithm.name;
-  fail(SHOAL_ERR_NOT_FOUND, "unknown allreduce algorithm '{}'; use auto, aggregate, bruck (an alltoall algorithm), {}",
-       name, names);
+  return AllreduceChoice::of(name).at(bytes, worldSize, treeMaxBytes, sharedMaxBytes);
 }
 
 }  // namespace shoal

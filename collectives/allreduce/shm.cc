@@ -36,7 +36,8 @@ uint32_t callWord(const Context& context) {
 void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer) {
   SharedSegment& shm = segmentOf(context);
   const size_t element = reducer.elementSize();
-  const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
+  // One round when the call fits the slot (no division on a small call's path).
+  const size_t perRound = count * element <= shm.slotBytes() ? count : std::max<size_t>(1, shm.slotBytes() / element);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   for (size_t first = 0; first < count; first += perRound) {

@@ -12,20 +12,17 @@ namespace {
 using ops::BFloat16;
 using ops::Half;
 
+// Blocked spans with restrict-qualified parameters (element_ops.h): the
+// compiler vectorises and unrolls them without a runtime overlap check (a
+// restrict on local pointers, as these loops had, GCC does not use).
 template <typename T, typename Op>
 void combineLoop(void* dst, const void* src, size_t count) {
-  // __restrict lets the compiler vectorize: dst and src never overlap here.
-  T* __restrict d = static_cast<T*>(dst);
-  const T* __restrict s = static_cast<const T*>(src);
-  for (size_t i = 0; i < count; ++i) ops::combineElement(d, s, i, Op{});
+  ops::combineSpan(static_cast<T*>(dst), static_cast<const T*>(src), count, Op{});
 }
 
 template <typename T, typename Op>
 void combineIntoLoop(void* out, const void* a, const void* b, size_t count) {
-  T* __restrict o = static_cast<T*>(out);
-  const T* __restrict x = static_cast<const T*>(a);
-  const T* __restrict y = static_cast<const T*>(b);
-  for (size_t i = 0; i < count; ++i) ops::combineElementInto(o, x, y, i, Op{});
+  ops::combineSpanInto(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count, Op{});
 }
 
 // 16-bit floats: convert a chunk to f32 (vectorised), combine in f32, round
@@ -116,12 +113,35 @@ Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
   }
 }
 
+// Every (dtype, op) pair's loops, looked up once per process: a small
+// allreduce checks its pair and builds its Reducer with two loads.
+struct Table {
+  Entry entries[SHOAL_DTYPE_COUNT][SHOAL_OP_COUNT];
+  Table() {
+    for (int d = 0; d < SHOAL_DTYPE_COUNT; ++d)
+      for (int o = 0; o < SHOAL_OP_COUNT; ++o)
+        entries[d][o] = lookup(static_cast<shoal_dtype_t>(d), static_cast<shoal_op_t>(o));
+  }
+};
+// A function's static: built on first use, whatever the order of static initialisers.
+const Table& table() {
+  static const Table built;
+  return built;
+}
+
+// Values outside the enums (a C caller's) have no entry.
+Entry entryOf(shoal_dtype_t dtype, shoal_op_t op) {
+  const auto d = static_cast<unsigned>(dtype), o = static_cast<unsigned>(op);
+  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return {nullptr, nullptr, nullptr};
+  return table().entries[d][o];
+}
+
 }  // namespace
 
-bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return lookup(dtype, op).combine != nullptr; }
+bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return entryOf(dtype, op).combine != nullptr; }
 
 Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), elementSize_(dtypeSize(dtype)) {
-  Entry entry = lookup(dtype, op);
+  Entry entry = entryOf(dtype, op);
   if (entry.combine == nullptr)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
   combine_ = entry.combine;

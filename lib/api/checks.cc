@@ -13,12 +13,16 @@ size_t checkedByteCount(const char* call, const char* what, size_t count, shoal_
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call,
          static_cast<int>(dtype));
   if (factor == 0 || count == 0) return 0;
-  if (count > kMaxBufferBytes / element / factor)
+  // count x element x factor > kMaxBufferBytes, also when it wraps: the same
+  // refusal as count > kMaxBufferBytes / element / factor, without dividing.
+  size_t elements = 0, bytes = 0;
+  if (__builtin_mul_overflow(count, factor, &elements) || __builtin_mul_overflow(elements, element, &bytes) ||
+      bytes > kMaxBufferBytes)
     fail(SHOAL_ERR_INVALID_ARGUMENT,
          "{}: {} = {} elements of {}{} overflows the largest buffer ({} bytes); pass a count of at most {}", call,
          what, count, shoal_dtype_name(dtype), factor > 1 ? fmt::format(" x {}", factor) : std::string(),
          kMaxBufferBytes, kMaxBufferBytes / element / factor);
-  return count * element * factor;
+  return bytes;
 }
 
 size_t checkedTensorElements(const char* call, const char* what, const shoal_tensor_t& tensor) {
@@ -29,25 +33,32 @@ size_t checkedTensorElements(const char* call, const char* what, const shoal_ten
   if (element == 0)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call, what,
          static_cast<int>(tensor.dtype));
-  const size_t limit = kMaxBufferBytes / element;
+  // One pass: a negative extent anywhere is refused first, a zero extent
+  // anywhere makes 0 elements (however large the others), and otherwise the
+  // first extent that takes the product past the limit is named.
   size_t elements = 1;
   bool zero = false;
+  int overflowAt = -1;
   for (int d = 0; d < tensor.ndim; ++d) {
     const int64_t extent = tensor.shape[d];
     if (extent < 0)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->shape[{}] is {}; extents must be >= 0", call, what, d, extent);
     if (extent == 0) zero = true;
+    if (zero || overflowAt >= 0) continue;
+    // product > kMaxBufferBytes / element, without dividing
+    size_t product = 0, bytes = 0;
+    if (__builtin_mul_overflow(elements, static_cast<size_t>(extent), &product) ||
+        __builtin_mul_overflow(product, element, &bytes) || bytes > kMaxBufferBytes)
+      overflowAt = d;
+    else
+      elements = product;
   }
   if (zero) return 0;
-  for (int d = 0; d < tensor.ndim; ++d) {
-    const auto extent = static_cast<size_t>(tensor.shape[d]);
-    if (elements > limit / extent)
-      fail(SHOAL_ERR_INVALID_ARGUMENT,
-           "{}: {}'s shape holds more elements than the largest buffer allows ({} of {}); shape[{}] = {} makes the "
-           "product overflow",
-           call, what, limit, shoal_dtype_name(tensor.dtype), d, tensor.shape[d]);
-    elements *= extent;
-  }
+  if (overflowAt >= 0)
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "{}: {}'s shape holds more elements than the largest buffer allows ({} of {}); shape[{}] = {} makes the "
+         "product overflow",
+         call, what, kMaxBufferBytes / element, shoal_dtype_name(tensor.dtype), overflowAt, tensor.shape[overflowAt]);
   return elements;
 }
 

@@ -54,7 +54,8 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
     shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
     shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
     call.declare(signatureOf(CallKind::Allreduce, dtype, op, count));
-    allreduceTensor(call.comm(), call.sequence(), input, output, op, nullptr);
+    MemoryRoute host;  // both buffers are host memory
+    allreduceTensor(call.comm(), call.sequence(), input, output, op, nullptr, host);
   });
 }
 
@@ -67,7 +68,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     if (input == nullptr || output == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
     shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-    // Memory kinds are checked again by the driver, which routes the call.
+    // The driver routes the call by this (and adds a compressor's refusal).
     MemoryRoute route = routeOf(name, {input, output});
     auto checks = [&] {
       if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
@@ -92,7 +93,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     if (!route.cuda) checks();
     else checkCudaArguments(c, call.sequence(), route, checks);
     call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
-    allreduceTensor(c, call.sequence(), *input, *output, op, &resolved);
+    allreduceTensor(c, call.sequence(), *input, *output, op, &resolved, route);
   });
 }
 

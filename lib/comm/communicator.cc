@@ -89,7 +89,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   if (!(comm->timeoutS > 0))
     fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_TIMEOUT_S must be a positive number of seconds, not {}", comm->timeoutS);
   comm->algorithm = config.algorithm ? config.algorithm : config::getString("SHOAL_ALGO");
-  selectAllreduce(comm->algorithm, 0, 1, 0);  // rejects an unknown name now, with the valid ones
+  comm->allreduceChoice = AllreduceChoice::of(comm->algorithm);  // rejects an unknown name now, with the valid ones
   long long segment = config::getInt("SHOAL_SEGMENT_BYTES");
   long long treeMax = config::getInt("SHOAL_TREE_MAX_BYTES");
   if (segment < 1) fail(SHOAL_ERR_INVALID_ARGUMENT, "SHOAL_SEGMENT_BYTES must be >= 1, not {}", segment);

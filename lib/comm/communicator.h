@@ -12,6 +12,7 @@
 #include "aggregate/client.h"
 #include "bootstrap/store.h"
 #include "transport/shm/segment.h"
+#include "collectives/collectives.h"
 #include "collectives/common/context.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
@@ -47,6 +48,7 @@ struct shoal_comm {
   int rank = 0;
   int size = 1;
   std::string algorithm;   // "auto", "ring", "tree"
+  shoal::AllreduceChoice allreduceChoice;  // the name resolved once (createComm; a split copies it)
   double timeoutS = 300;
   size_t segmentBytes = 0;
   size_t treeMaxBytes = 0;

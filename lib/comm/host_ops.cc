@@ -33,7 +33,7 @@ void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorith
   const size_t bytes = count * dtypeSize(dtype);
   Reducer reducer(dtype, op);
   if (count == 0) return emptyCall(comm, sequence);
-  if (comm.algorithm == "aggregate" && aggregate::carries(dtype, op))  // else the ring (algos.cc)
+  if (comm.allreduceChoice.aggregate && aggregate::carries(dtype, op))  // else the ring (algos.cc)
     return aggregateAllreduce(comm, sequence, send, recv, count, dtype, op);
   if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
     return runCollective(comm, sequence, [&](Context& context) {

@@ -97,12 +97,13 @@ void inheritHosts(shoal_comm& child, const shoal_comm& parent, const std::vector
 }
 
 const AllreduceAlgorithm& chooseAllreduce(const shoal_comm& comm, size_t bytes) {
-  // bruck names an alltoall algorithm: allreduce chooses as under auto.
-  const bool automatic = comm.algorithm.empty() || comm.algorithm == "auto" || comm.algorithm == "bruck";
-  if (automatic && comm.hosts && comm.hosts->hierarchical() &&
-      bytes >= comm.hierMinBytes && bytes > comm.treeMaxBytes)
-    return selectAllreduce("hierarchical", bytes, comm.size, comm.treeMaxBytes);
-  return selectAllreduce(comm.algorithm, bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
+  // The name was resolved when the communicator was made (comm.allreduceChoice):
+  // per call this compares sizes only.
+  const AllreduceChoice& choice = comm.allreduceChoice;
+  if (choice.fixed == nullptr && comm.hosts && comm.hosts->hierarchical() && bytes >= comm.hierMinBytes &&
+      bytes > comm.treeMaxBytes)
+    return hierarchicalAllreduce();
+  return choice.at(bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
 }
 
 }  // namespace shoal

@@ -15,7 +15,7 @@ void learnHosts(shoal_comm& comm);
 // A sub-communicator's map, from its parent's, without communication:
 // `members` are the parent ranks of the child, in child rank order.
 void inheritHosts(shoal_comm& child, const shoal_comm& parent, const std::vector<int>& members);
-// selectAllreduce, plus the hierarchical algorithm for `auto` when the layout
+// comm.allreduceChoice at this size, plus the hierarchical algorithm for `auto` when the layout
 // has one and the message is at least SHOAL_HIER_MIN_BYTES.
 const AllreduceAlgorithm& chooseAllreduce(const shoal_comm& comm, size_t bytes);
 

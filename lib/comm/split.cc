@@ -78,6 +78,7 @@ std::unique_ptr<shoal_comm> connectChild(shoal_comm& parent, const std::vector<i
   child->rank = static_cast<int>(std::find(members.begin(), members.end(), parent.rank) - members.begin());
   child->size = static_cast<int>(members.size());
   child->algorithm = parent.algorithm;
+  child->allreduceChoice = parent.allreduceChoice;
   child->timeoutS = parent.timeoutS;
   child->segmentBytes = parent.segmentBytes;
   child->treeMaxBytes = parent.treeMaxBytes;

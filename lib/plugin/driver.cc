@@ -31,6 +31,9 @@ CompressorDefaults CompressorDefaults::fromEnvironment() {
   if (d.name.empty()) d.name = "none";
   d.options = config::getString("SHOAL_COMPRESSOR_OPTS");
   d.minBytes = config::getInt("SHOAL_COMPRESS_MIN_BYTES");
+  // The one rule (resolveCompressor) decides what a call that names nothing gets.
+  const CompressorChoice unnamed = resolveCompressor(d, nullptr, nullptr, -1);
+  d.plain = unnamed.name == "none" && unnamed.options.empty();
   return d;
 }
 
@@ -511,16 +514,24 @@ std::string acrossHostsWords(const shoal_compressor_t& table, const std::vector<
 }  // namespace
 
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options) {
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
   const size_t count = plugin::elementsCount(input);
   const size_t bytes = count * dtypeSize(input.dtype);
   CompressStats stats;
   stats.inputBytes = bytes;
 
+  // A call that names no compressor (or "none") and no options, where the
+  // environment names none either, runs plain: no choice to resolve (name ""
+  // below). resolveCompressor gives such a call "none" without options.
+  const char* callCompressor = options ? options->compressor : nullptr;
+  const char* callOptions = options ? options->compressor_options : nullptr;
+  const bool plainByDefault = comm.compressors->defaults.plain &&
+                              (callCompressor == nullptr || !callCompressor[0] || std::strcmp(callCompressor, "none") == 0) &&
+                              (callOptions == nullptr || !callOptions[0]);
   const plugin::CompressorChoice choice =
-      plugin::resolveCompressor(comm.compressors->defaults, options ? options->compressor : nullptr,
-                                options ? options->compressor_options : nullptr,
-                                options ? options->compress_min_bytes : -1);
+      plainByDefault ? plugin::CompressorChoice{}
+                     : plugin::resolveCompressor(comm.compressors->defaults, callCompressor, callOptions,
+                                                 options ? options->compress_min_bytes : -1);
   const std::string& name = choice.name;
   const std::string& copts = choice.options;
   const long long minBytes = choice.minBytes;
@@ -534,7 +545,6 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // CUDA tensors: refusals are gathered here and shared with every rank in
   // the call's first (host) round; never staged through host memory.
   const char* call = "shoal_allreduce_tensor";
-  MemoryRoute route = routeOf(call, {&input, &output});
   if (route.cuda && compress && !(instance->table().caps & SHOAL_CAP_CUDA))
     route.refuse(SHOAL_ERR_UNSUPPORTED,
                  fmt::format("{}: compressor {} cannot run on CUDA tensors (it lacks SHOAL_CAP_CUDA) and shoal never "

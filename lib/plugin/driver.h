@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "gpu/route.h"
 #include "shoal/compressor.h"
 
 struct shoal_comm;
@@ -52,6 +53,11 @@ struct CompressorDefaults {
   std::string name;         // SHOAL_COMPRESSOR, else its default, else "none"
   std::string options;      // SHOAL_COMPRESSOR_OPTS
   long long minBytes = 0;   // SHOAL_COMPRESS_MIN_BYTES
+  // resolveCompressor gives "none" without options to a call that names
+  // neither a compressor nor options: such calls skip resolving (a small
+  // allreduce's cost; allreduceTensor). fromEnvironment derives it from the
+  // fields above (whoever changes them must derive it again).
+  bool plain = true;
   static CompressorDefaults fromEnvironment();
 };
 
@@ -120,8 +126,10 @@ namespace shoal {
 // Allreduce of one tensor: compressed when a compressor is selected and the
 // tensor qualifies (op sum/avg, a dtype the compressor takes, at least the
 // minimum size), else the plain allreduce. `sequence` is the call's number.
+// `route` is routeOf(input, output), which the caller has (gpu/route.h); a
+// compressor that cannot run on CUDA tensors adds its refusal to it.
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options);
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route);
 
 // Hook for the runtime's tensor fusion (lib/runtime/fusion.cc): ONE compressed
 // operation (one start, one series of round() calls) over every tensor of a

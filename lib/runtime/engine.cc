@@ -183,6 +183,7 @@ void Engine::wakeUp() {
 double Engine::timeoutS() const { return comm_.timeoutS; }
 
 Timeline* Engine::timeline() {
+  if (noTimeline_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard<std::mutex> lock(timelineMutex_);
   if (!timelineOpened_) {
     timelineOpened_ = true;
@@ -196,6 +197,7 @@ Timeline* Engine::timeline() {
       }
     }
   }
+  if (!timeline_) noTimeline_.store(true, std::memory_order_release);
   return timeline_.get();
 }
 
@@ -374,6 +376,7 @@ void Engine::stopWith(shoal_status_t status, const std::string& text) {
   pendingByName_.clear();
   std::lock_guard<std::mutex> lock(timelineMutex_);
   timeline_.reset();  // closes the JSON array; later blocking calls are not recorded
+  noTimeline_.store(true, std::memory_order_release);
 }
 
 void Engine::loop() {

@@ -140,6 +140,10 @@ class Engine {
   std::shared_ptr<Request> join_;                  // this rank's pending join (under mutex_)
   std::mutex timelineMutex_;  // opening and closing; spans come from one thread at a time
   bool timelineOpened_ = false;
+  // Set once it is known that this rank writes no timeline (none asked for,
+  // not rank 0, the file failed, or it closed): every blocking call asks
+  // (CallTrace), and then one load answers instead of the mutex.
+  std::atomic<bool> noTimeline_{false};
   std::unique_ptr<Timeline> timeline_;
   std::string timelineError_;
   std::vector<uint8_t> fusionBuffer_;

@@ -131,6 +131,31 @@ SHOAL_HD inline void combineElementInto(T* out, const T* a, const T* b, size_t i
   out[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
 }
 
+// The same over a span, in blocks of kBlock elements: a fixed trip count the
+// compiler unrolls and vectorises, and restrict-qualified parameters (dst
+// and src, out and a or b never overlap here) so that it needs no runtime
+// overlap check. Each element still gets exactly combineElement's
+// arithmetic, so the bits are the per-element function's. The CPU reducers
+// (reducer.cc) run these; a device kernel runs combineElement per thread.
+constexpr size_t kCombineBlock = 16;
+
+template <typename T, typename Op>
+SHOAL_HD inline void combineSpan(T* __restrict__ dst, const T* __restrict__ src, size_t count, Op op) {
+  size_t i = 0;
+  for (; i + kCombineBlock <= count; i += kCombineBlock)
+    for (size_t j = i; j < i + kCombineBlock; ++j) combineElement(dst, src, j, op);
+  for (; i < count; ++i) combineElement(dst, src, i, op);
+}
+
+template <typename T, typename Op>
+SHOAL_HD inline void combineSpanInto(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b,
+                                     size_t count, Op op) {
+  size_t i = 0;
+  for (; i + kCombineBlock <= count; i += kCombineBlock)
+    for (size_t j = i; j < i + kCombineBlock; ++j) combineElementInto(out, a, b, j, op);
+  for (; i < count; ++i) combineElementInto(out, a, b, i, op);
+}
+
 // out[i] = out[i] / divisor, in the compute type (integer division truncates toward zero).
 template <typename T>
 SHOAL_HD inline void divideElement(T* out, size_t i, int divisor) {

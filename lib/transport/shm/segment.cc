@@ -222,7 +222,7 @@ std::unique_ptr<SharedSegment> SharedSegment::open(Store& store, const std::stri
 SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes,
                              std::vector<long> pids)
     : mapping_(std::move(mapping)), rank_(rank), size_(size), slotBytes_(slotBytes),
-      slotStride_(slotStrideFor(slotBytes)), pids_(std::move(pids)) {
+      slotStride_(slotStrideFor(slotBytes)), slots_(mapping_->base + slotsOffset(size)), pids_(std::move(pids)) {
   // Spin a few microseconds (a peer that runs arrives within one or two),
   // then yield: a rank that keeps spinning while its peer waits for a core
   // (more ranks than cores, or a loaded machine) steals that core.
@@ -234,7 +234,7 @@ SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int siz
 SharedSegment::~SharedSegment() = default;
 
 uint8_t* SharedSegment::slot(int rank, int parity) const {
-  return mapping_->base + slotsOffset(size_) + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
+  return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
 }
 
 const uint8_t* SharedSegment::peerData(int rank) const {
@@ -343,7 +343,8 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   atomicAt(header->number).store(number, std::memory_order_release);
   try {
     for (int step = 1; step < size_; ++step) {
-      int peer = (rank_ + step) % size_;  // staggered: not every rank polls rank 0 first
+      // Staggered: not every rank polls rank 0 first ((rank + step) mod size, without dividing).
+      const int peer = rank_ + step < size_ ? rank_ + step : rank_ + step - size_;
       auto* theirs = reinterpret_cast<SlotHeader*>(slot(peer, parity));
       // A peer already there costs one load; waitFor() spins, yields and checks.
       if (atomicAt(theirs->number).load(std::memory_order_acquire) != number)

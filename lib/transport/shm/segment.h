@@ -85,6 +85,7 @@ class SharedSegment {
   int size_;
   size_t slotBytes_;
   size_t slotStride_;
+  uint8_t* slots_;          // the first slot (rank 0, parity 0): computed once, read every round
   std::vector<long> pids_;  // every rank's process (0 or this process: not checked)
   uint64_t rounds_ = 0;     // rounds done on this communicator (the same count on every rank)
   int spinPolls_;           // polls before a wait starts yielding its core
