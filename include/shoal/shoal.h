@@ -353,6 +353,10 @@ shoal_status_t shoal_op_from_name(const char *name, shoal_op_t *op);
 
 /* The loaded library's SHOAL_VERSION_CODE (it may differ from the header's). */
 shoal_status_t shoal_get_version(int *version);
+/* 1 when the loaded library was built with feature, else 0 (also for an
+ * unknown name or NULL): "cuda" (CUDA tensors and kernels), "nccl" (the NCCL
+ * transport CUDA tensors travel over). Bindings ask it (Horovod's cuda_built). */
+int shoal_built_with(const char *feature);
 /* sizeof a public struct by its typedef name ("shoal_tensor_t", "shoal_config_t",
  * "shoal_allreduce_options_t", ...), for bindings that mirror them; 0 for an unknown name. */
 size_t shoal_struct_size(const char *name);
