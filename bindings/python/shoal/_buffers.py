@@ -103,8 +103,13 @@ def _from_torch(obj, what, writable, cuda=False):
         # (docs/gpu.md, "Async requests on CUDA tensors").
         buf.tensor.memory = T.MEMORY_CUDA
         buf.tensor.device = obj.device.index if obj.device.index is not None else torch.cuda.current_device()
-        buf.tensor.stream = torch.cuda.current_stream(obj.device).cuda_stream or None
+        buf.tensor.stream = current_stream(obj)
     return buf
+
+
+def current_stream(obj):
+    """The cudaStream_t (an int; None for the default stream) torch queues obj's device's work on now."""
+    return _torch().cuda.current_stream(obj.device).cuda_stream or None
 
 
 def _to_numpy(obj, what):

@@ -188,14 +188,14 @@ def wait_all(requests, timeout_s=None):
 class PreparedAllreduce:
     """An in-place named allreduce, described once (Communicator.prepare_iallreduce)."""
     __slots__ = ("comm", "name", "cname", "code", "buffer", "strings", "options", "tensor_ref", "options_ref",
-                 "address", "shape", "dtype")
+                 "address", "shape", "dtype", "device", "stream")
 
     def __init__(self, comm, x, name, code, compressor, compressor_options, compress_min_bytes):
         self.comm = comm
         self.name = name
         self.cname = _cstr(name, "name")
         self.code = code
-        self.buffer = B.describe(x, "x", writable=True)
+        self.buffer = B.describe(x, "x", writable=True, cuda=True)
         self.strings = [_cstr(compressor, "compressor"),
                         _cstr(_options_string(compressor_options), "compressor_options")]
         self.options = T.new(T.AsyncOptions, compressor=self.strings[0], compressor_options=self.strings[1],
@@ -205,13 +205,16 @@ class PreparedAllreduce:
         self.address = self.buffer.address or 0
         self.shape = self.buffer.shape
         self.dtype = getattr(x, "dtype", None)
+        self.device = getattr(x, "device", None)
+        self.stream = self.buffer.tensor.stream  # a CUDA tensor's: torch's current stream when prepared
         self.buffer.array = None  # the plan must not keep the tensor alive; each Request keeps its own
 
     def matches(self, x):
         """Whether x is the memory, dtype and shape this plan describes (a torch tensor or numpy array)."""
         if B.is_torch(x):
             return (x.data_ptr() == self.address and x.dtype == self.dtype and tuple(x.shape) == self.shape
-                    and x.is_contiguous() and x.device.type == "cpu" and not x.is_sparse)
+                    and x.is_contiguous() and x.device == self.device and not x.is_sparse
+                    and (x.device.type == "cpu" or B.current_stream(x) == self.stream))
         if isinstance(x, np.ndarray):
             return (x.__array_interface__["data"][0] == self.address and x.dtype == self.dtype
                     and x.shape == self.shape and x.flags.c_contiguous and x.flags.writeable)
