@@ -53,7 +53,7 @@ TEST(AsyncCudaDevice, AllreduceAllgatherBroadcastOfDeviceTensorsBesideHostOnes) 
   const int devices = devicesOrSkip(&why);
   if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
   const int n = std::min(devices, 4);
-  ScopedEnv env({{"SHOAL_FUSION_THRESHOLD", "1048576"}, {"SHOAL_CYCLE_TIME_MS", "5"}});
+  ScopedEnv env{{"SHOAL_FUSION_THRESHOLD", "1048576"}, {"SHOAL_CYCLE_TIME_MS", "5"}};
   runRanks(n, [&](int rank, shoal_comm_t comm) {
     ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
     const size_t count = 1001;
