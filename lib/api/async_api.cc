@@ -199,10 +199,7 @@ SHOAL_EXPORT shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char* name,
     auto r = std::make_shared<runtime::Request>();
     r->name = name;
     std::vector<int64_t> shape = checkTensor(call, "input", input);
-    if (input->memory != SHOAL_MEMORY_HOST)
-      fail(SHOAL_ERR_UNSUPPORTED, "{}: input is CUDA memory, but the async alltoall keeps what arrives in host memory "
-           "of the request (shoal_request_alltoall_result); pass a host tensor, or use shoal_alltoall_tensor or "
-           "shoal_alltoallv_tensor (blocking, over NCCL) for CUDA tensors", call);
+    r->meta.memory = input->memory;  // CUDA: what arrives is device memory the request holds
     r->meta.dtype = input->dtype;
     const size_t elements = checkedTensorElements(call, "input", *input);
     if (sendcounts == nullptr) {
@@ -253,8 +250,13 @@ SHOAL_EXPORT shoal_status_t shoal_request_alltoall_result(shoal_request_t reques
       fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: data and count (out-parameters) must not be "
            "NULL");
     const size_t element = dtypeSize(r.meta.dtype);
-    *count = r.received.size() / element;
-    *data = r.received.empty() ? nullptr : r.received.data();
+    if (r.meta.memory == SHOAL_MEMORY_CUDA) {  // device memory on the input's device, freed with the request
+      *count = r.receivedBytes / element;
+      *data = r.deviceReceived.get();
+    } else {
+      *count = r.received.size() / element;
+      *data = r.received.empty() ? nullptr : r.received.data();
+    }
     if (recvcounts != nullptr) std::copy(r.recvcounts.begin(), r.recvcounts.end(), recvcounts);
   });
 }

@@ -3,11 +3,68 @@
 #include <fmt/format.h>
 
 #include "comm/call.h"
+#include "gpu/exchange_route.h"
 #include "gpu/route.h"
 #include "plugin/driver.h"
+#include "runtime/alltoall.h"
 #include "runtime/timeline.h"
 
+#if SHOAL_WITH_CUDA
+#include "gpu/cuda/stream_memory.h"
+#endif
+
 namespace shoal::runtime {
+
+namespace {
+
+// Byte counts and packed offsets of per-peer element counts (device exchange blocks).
+DeviceBlocks packedBlocks(const std::vector<size_t>& counts, size_t element, size_t* total) {
+  DeviceBlocks blocks;
+  *total = 0;
+  for (size_t count : counts) {
+    blocks.bytes.push_back(count * element);
+    blocks.offset.push_back(*total);
+    *total += count * element;
+  }
+  return blocks;
+}
+
+// The async alltoall on CUDA memory: the counts as the host form gets them
+// (runtime/alltoall.h), then device memory for what arrives (on the input's
+// device, held by the request), then the exchange over NCCL. A rank that
+// cannot allocate refuses in the exchange's agreement round, so every rank
+// fails the request with its reason.
+void runCudaAlltoall(shoal_comm& comm, uint64_t sequence, Request& r) {
+  const char* call = "shoal_ialltoall";
+  const size_t element = dtypeSize(r.meta.dtype);
+  CallScope scope(comm, alltoallSignature(r, comm.size));
+  r.recvcounts = alltoallRecvCounts(comm, r);
+  size_t sendBytes = 0, recvBytes = 0;
+  DeviceBlocks send = packedBlocks(r.sendcounts, element, &sendBytes);
+  DeviceBlocks recv = packedBlocks(r.recvcounts, element, &recvBytes);
+  MemoryRoute route = routeOf(call, {&r.input});
+  checkCudaReady(comm, call, route);
+#if SHOAL_WITH_CUDA
+  if (route.refusal == SHOAL_OK) {
+    cuda::DeviceScope onDevice(route.device);
+    void* received = nullptr;
+    const char* error = onDevice.error() ? onDevice.error() : cuda::allocDevice(&received, recvBytes);
+    if (error != nullptr)
+      route.refuse(SHOAL_ERR_NO_MEMORY, fmt::format("{}: {} bytes of device memory on device {} for what arrives: {}",
+                                                    call, recvBytes, route.device, error));
+    else
+      r.deviceReceived = std::shared_ptr<void>(received, [](void* p) { cuda::freeDevice(p); });
+  }
+#endif
+  r.receivedBytes = recvBytes;
+  const bool perPeer = r.meta.kind == OpKind::Alltoallv;
+  cudaExchange(comm, sequence, route,
+               DeviceExchange{perPeer ? "alltoallv" : "alltoall", r.meta.dtype,
+                              perPeer ? 0 : r.meta.elements() / comm.size, -1, false, r.input.data, std::move(send),
+                              r.deviceReceived.get(), std::move(recv)});
+}
+
+}  // namespace
 
 void runCudaRequest(shoal_comm& comm, Request& r, Timeline* timeline) {
   const Clock::time_point begin = Clock::now();
@@ -43,6 +100,11 @@ void runCudaRequest(shoal_comm& comm, Request& r, Timeline* timeline) {
       phase = "CUDA_BROADCAST";
       break;
     }
+    case OpKind::Alltoall:
+    case OpKind::Alltoallv:
+      runCudaAlltoall(comm, sequence, r);
+      phase = "CUDA_ALLTOALL";
+      break;
     default:  // submission refuses every other kind on CUDA tensors
       fail(SHOAL_ERR_INTERNAL, "async runtime: a {} request on CUDA tensors reached the engine",
            opKindName(r.meta.kind));

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -78,6 +79,10 @@ struct Request {
   // then from each rank and the received data (set by the engine before completing).
   std::vector<size_t> sendcounts, recvcounts;
   std::vector<uint8_t> received;
+  // CUDA memory (runtime/cuda_requests.h): the received data lies on the input's
+  // device instead, freed with the request; receivedBytes says how much.
+  std::shared_ptr<void> deviceReceived;
+  size_t receivedBytes = 0;
 
   // Queued -> Running; false when the submitter gave up (Cancelled).
   bool tryStart();

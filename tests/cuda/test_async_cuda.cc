@@ -1,5 +1,5 @@
 // The async runtime on CUDA tensors (docs/gpu.md, "Async requests on CUDA
-// tensors"): iallreduce, iallgather and ibroadcast of device memory against
+// tensors"): iallreduce, iallgather, ibroadcast and ialltoall of device memory against
 // the values every rank can compute, with host requests of the same cycle
 // beside them (those fuse; the CUDA ones never do, which the stats show), and
 // a host/CUDA disagreement on one name as MISMATCH on every rank. One rank per
@@ -118,6 +118,51 @@ TEST(AsyncCudaDevice, HostOnOneRankAndCudaOnAnotherIsAMismatchEverywhere) {
     EXPECT_NE(std::string(shoal_request_error(request)).find("memory host memory vs CUDA memory"), std::string::npos)
         << shoal_request_error(request);
     shoal_request_free(request);
+  });
+}
+// The async alltoall of device memory: even blocks and per-peer counts; what arrives is device
+// memory the request holds (shoal_request_alltoall_result), rank p's block first.
+TEST(AsyncCudaDevice, AlltoallOfDeviceTensorsGivesDeviceMemory) {
+  std::string why;
+  const int devices = devicesOrSkip(&why);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int n = std::min(devices, 4);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    for (bool perPeer : {false, true}) {
+      // Rank r sends rank p (p + 1) * (r + 1) elements per peer (per-peer form), or 3 (even form).
+      std::vector<size_t> sendcounts(n);
+      std::vector<float> send;
+      for (int p = 0; p < n; ++p) {
+        sendcounts[p] = perPeer ? size_t(p + 1) * size_t(rank + 1) : 3;
+        for (size_t i = 0; i < sendcounts[p]; ++i) send.push_back(float(1000 * rank + 10 * p) + float(i));
+      }
+      DeviceFloats input(send);
+      const shoal_tensor_t t = input.tensor(rank);
+      shoal_request_t request = nullptr;
+      const std::string name = perPeer ? "a2av" : "a2a";
+      ASSERT_TRUE(callOk(shoal_ialltoall(comm, name.c_str(), &t, perPeer ? sendcounts.data() : nullptr, &request),
+                         comm, name));
+      ASSERT_EQ(shoal_wait(request, 60), SHOAL_OK) << shoal_request_error(request);
+      const void* data = nullptr;
+      size_t count = 0;
+      std::vector<size_t> recvcounts(n);
+      ASSERT_TRUE(callOk(shoal_request_alltoall_result(request, &data, &count, recvcounts.data()), comm, "result"));
+      std::vector<float> expected;
+      for (int r = 0; r < n; ++r) {
+        const size_t from = perPeer ? size_t(rank + 1) * size_t(r + 1) : 3;
+        EXPECT_EQ(recvcounts[r], from) << name << " from " << r;
+        for (size_t i = 0; i < from; ++i) expected.push_back(float(1000 * r + 10 * rank) + float(i));
+      }
+      ASSERT_EQ(count, expected.size()) << name;
+      cudaPointerAttributes attributes{};
+      ASSERT_EQ(cudaPointerGetAttributes(&attributes, data), cudaSuccess) << name;
+      EXPECT_EQ(attributes.type, cudaMemoryTypeDevice) << name << ": the result is not device memory";
+      std::vector<float> got(count);
+      ASSERT_EQ(cudaMemcpy(got.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, expected) << name;
+      shoal_request_free(request);
+    }
   });
 }
 
