@@ -29,7 +29,7 @@ struct DeviceFloats {
   float* data = nullptr;
   size_t count = 0;
   explicit DeviceFloats(const std::vector<float>& host) : count(host.size()) {
-    EXPECT_EQ(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), std::max<size_t>(count, 1) * sizeof(float)), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   }
   ~DeviceFloats() { cudaFree(data); }
