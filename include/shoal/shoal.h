@@ -411,7 +411,7 @@ shoal_status_t shoal_async_start(shoal_comm_t comm);
 
 /* Allreduce of a named tensor (output may equal input). Any op valid for
  * the dtype; only SHOAL_SUM/SHOAL_AVG of dtypes the compressor takes compress.
- * shoal_iallreduce, shoal_iallgather and shoal_ibroadcast take host tensors,
+ * shoal_iallreduce, shoal_iallgather, shoal_ibroadcast and shoal_ialltoall take host tensors,
  * and in a CUDA build CUDA tensors too: never fused, run one by one over NCCL
  * on the input tensor's stream, complete (on the device) when the request is;
  * the stream rules are in docs/gpu.md. A build without CUDA refuses them
@@ -431,7 +431,7 @@ shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal
  * order with the other requests): sendcounts[p] elements of input, in order,
  * go to rank p; sendcounts == NULL splits input evenly (its element count a
  * multiple of the world size; then every rank must pass the same shape).
- * Host tensors only (SHOAL_ERR_UNSUPPORTED for CUDA memory: the result is host memory).
+ * CUDA input (a CUDA build): the result is device memory on its device.
  * What arrives is held by the request until shoal_request_free:
  * shoal_request_alltoall_result gives it. Every rank must submit the name
  * with the same dtype and both with or both without sendcounts. */
