@@ -25,6 +25,9 @@ std::string copyToDevice(void *dst, const void *src, size_t bytes) {
 std::string copyToHost(void *dst, const void *src, size_t bytes) {
   return text(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
 }
+std::string copyOnDevice(void *dst, const void *src, size_t bytes) {
+  return text(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy on the device");
+}
 }  // namespace bench
 
 #else
@@ -38,6 +41,7 @@ std::string deviceAlloc(size_t, void **) { return kNoCuda; }
 void deviceFree(void *) {}
 std::string copyToDevice(void *, const void *, size_t) { return kNoCuda; }
 std::string copyToHost(void *, const void *, size_t) { return kNoCuda; }
+std::string copyOnDevice(void *, const void *, size_t) { return kNoCuda; }
 }  // namespace bench
 
 #endif

@@ -15,5 +15,7 @@ std::string deviceAlloc(size_t bytes, void **ptr);
 void deviceFree(void *ptr);
 std::string copyToDevice(void *dst, const void *src, size_t bytes);
 std::string copyToHost(void *dst, const void *src, size_t bytes);
+// Device to device (both on the current device), complete when it returns.
+std::string copyOnDevice(void *dst, const void *src, size_t bytes);
 
 }  // namespace bench

@@ -164,6 +164,13 @@ else
       "$SHOALRUN" -np 1 --timeout-s 50 "$BENCH" allreduce -b 1M -e 256M -f 16 -n 10 -w 3 $BENCH_ARGS "${copt[@]}"
     grep -E '^(\[[0-9]+\] )? *[0-9]+ +[0-9]+ ' "$RESULTS/nccl_smoke_$compressor.log" | tail -3 | sed 's/^/         /' | tee -a "$SUMMARY"
   done
+  # The other collectives shoal-bench runs on CUDA memory (the C API's tensor forms), each checked (-c 1).
+  for coll in allgather broadcast alltoall sendrecv reduce gather scatter; do
+    # shellcheck disable=SC2086
+    stage "NCCL smoke: shoal-bench $coll $BENCH_ARGS (1 rank)" 30 "$RESULTS/nccl_smoke_$coll.log" \
+      "$SHOALRUN" -np 1 --timeout-s 25 "$BENCH" "$coll" -b 1M -e 64M -f 8 -n 5 -w 2 $BENCH_ARGS
+    grep -E '^(\[[0-9]+\] )? *[0-9]+ +[0-9]+ ' "$RESULTS/nccl_smoke_$coll.log" | tail -1 | sed 's/^/         /' | tee -a "$SUMMARY"
+  done
 fi
 
 say "done in $(($(date +%s) - START))s of ${BUDGET}s; logs in $RESULTS"

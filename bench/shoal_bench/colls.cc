@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "../bench_memory.h"
 
 namespace bench {
 namespace {
@@ -16,28 +19,120 @@ shoal_tensor_t tensorOf(const void *data, size_t count, const Ctx &x) {
   return t;
 }
 
+bool onCuda(const Ctx &x) { return x.memory == SHOAL_MEMORY_CUDA; }
+
+// A device-to-device copy inside a timed CUDA call (broadcast's and sendrecv's
+// staging, below); its failure is this rank's, told here.
+shoal_status_t deviceCopy(void *dst, const void *src, size_t bytes, const Ctx &x) {
+  if (dst == src || bytes == 0) return SHOAL_OK;
+  const std::string why = copyOnDevice(dst, src, bytes);
+  if (why.empty()) return SHOAL_OK;
+  fprintf(stderr, "shoal-bench: rank %d: --memory cuda: %s\n", x.rank, why.c_str());
+  return SHOAL_ERR_SYSTEM;
+}
+
+// Scratch that in-place sendrecv stages its send side in: host memory, or
+// device memory on the rank's device (allocated once at the largest size seen).
+void *stagingFor(size_t bytes, const Ctx &x) {
+  static thread_local std::vector<char> host;
+  static thread_local void *device = nullptr;
+  static thread_local size_t deviceBytes = 0;
+  if (!onCuda(x)) {
+    host.resize(bytes);
+    return host.data();
+  }
+  if (bytes > deviceBytes) {
+    deviceFree(device);
+    device = nullptr, deviceBytes = 0;
+    if (const std::string why = deviceAlloc(bytes, &device); !why.empty()) {
+      fprintf(stderr, "shoal-bench: rank %d: --memory cuda: sendrecv's staging buffer: %s\n", x.rank, why.c_str());
+      return nullptr;
+    }
+    deviceBytes = bytes;
+  }
+  return device;
+}
+
 // nccl-tests' sendrecv: to the right, from the left, in one group. shoal's send
 // and receive buffers of one group must not overlap: in place stages the send
 // (a copy inside the timed call). One rank has no peer: its exchange with
-// itself is the copy.
+// itself is the copy. CUDA buffers go through shoal_sendrecv_many_tensor.
 shoal_status_t sendRecvRing(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
   const size_t bytes = x.c.paramCount * x.ts;
   if (x.nranks == 1) {
+    if (onCuda(x)) return deviceCopy(recv, send, bytes, x);
     std::memmove(recv, send, bytes);
     return SHOAL_OK;
   }
-  static thread_local std::vector<char> staged;
   if (send == recv) {
-    staged.assign(static_cast<const char *>(send), static_cast<const char *>(send) + bytes);
-    send = staged.data();
+    void *staged = stagingFor(bytes, x);
+    if (staged == nullptr) return SHOAL_ERR_NO_MEMORY;
+    if (onCuda(x)) {
+      if (shoal_status_t s = deviceCopy(staged, send, bytes, x); s != SHOAL_OK) return s;
+    } else {
+      std::memcpy(staged, send, bytes);
+    }
+    send = staged;
   }
-  const shoal_p2p_t ops[2] = {
-      {SHOAL_P2P_RECV, (x.rank + x.nranks - 1) % x.nranks, 0, recv, x.c.paramCount, x.dtype},
-      {SHOAL_P2P_SEND, (x.rank + 1) % x.nranks, 0, const_cast<void *>(send), x.c.paramCount, x.dtype}};
+  const int left = (x.rank + x.nranks - 1) % x.nranks, right = (x.rank + 1) % x.nranks;
+  if (onCuda(x)) {
+    const shoal_p2p_tensor_t ops[2] = {{SHOAL_P2P_RECV, left, 0, tensorOf(recv, x.c.paramCount, x)},
+                                       {SHOAL_P2P_SEND, right, 0, tensorOf(send, x.c.paramCount, x)}};
+    return shoal_sendrecv_many_tensor(comm, ops, 2);
+  }
+  const shoal_p2p_t ops[2] = {{SHOAL_P2P_RECV, left, 0, recv, x.c.paramCount, x.dtype},
+                              {SHOAL_P2P_SEND, right, 0, const_cast<void *>(send), x.c.paramCount, x.dtype}};
   return shoal_sendrecv_many(comm, ops, 2);
 }
 
+// CUDA broadcast is in place (shoal_broadcast_tensor): out of place, root first
+// copies its send buffer into recv on the device, inside the timed call.
+shoal_status_t broadcastOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_broadcast(comm, send, recv, x.c.paramCount, x.dtype, x.root);
+  if (x.rank == x.root)
+    if (shoal_status_t s = deviceCopy(recv, send, x.c.paramCount * x.ts, x); s != SHOAL_OK) return s;
+  const shoal_tensor_t t = tensorOf(recv, x.c.paramCount, x);
+  return shoal_broadcast_tensor(comm, &t, x.root);
+}
+
+// The rooted and exchange collectives: the raw-pointer call for host buffers,
+// the tensor form (NCCL underneath) for CUDA buffers. in / out: elements of
+// the send and recv tensors.
+shoal_status_t alltoallOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_alltoall(comm, send, recv, x.c.paramCount, x.dtype);
+  const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
+  return shoal_alltoall_tensor(comm, &in, &out);
+}
+
+shoal_status_t reduceOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_reduce(comm, send, recv, x.c.paramCount, x.dtype, x.op, x.root);
+  const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
+  return shoal_reduce_tensor(comm, &in, &out, x.op, x.root);
+}
+
+shoal_status_t gatherOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_gather(comm, send, recv, x.c.paramCount, x.dtype, x.root);
+  const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
+  return shoal_gather_tensor(comm, &in, &out, x.root);
+}
+
+shoal_status_t scatterOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_scatter(comm, send, recv, x.c.paramCount, x.dtype, x.root);
+  const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
+  return shoal_scatter_tensor(comm, &in, &out, x.root);
+}
+
 }  // namespace
+
+const char *cudaRefusal(const CollTest &coll, shoal_op_t op) {
+  if (&coll == &kReduceScatter)
+    return "reduce_scatter has no CUDA form in shoal's C API (shoal_reduce_scatter takes host pointers and there is "
+           "no shoal_reduce_scatter_tensor); run it with --memory host";
+  if (&coll == &kReduce && (op == SHOAL_BAND || op == SHOAL_BOR || op == SHOAL_BXOR))
+    return "reduce on CUDA memory is ncclReduce, which has no band, bor or bxor; use -o sum, avg, prod, min or max, "
+           "or --memory host (allreduce runs the bitwise ops on CUDA memory)";
+  return nullptr;
+}
 
 const CollTest kCollTests[9] = {
     {"allreduce", "every rank receives the reduction of all ranks' buffers", true, false,
@@ -67,7 +162,7 @@ const CollTest kCollTests[9] = {
      [](size_t count, int) { return Counts{count, count, count, 0, 0}; },
      [](const Ctx &x, size_t k) { return plainValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return plainValue(x, x.root, k); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_broadcast(comm, s, r, x.c.paramCount, x.dtype, x.root); },
+     broadcastOf,
      [](int) { return 1.0; }},
     {"reduce_scatter", "rank r receives block r of the reduction of all ranks' buffers", true, false,
      [](size_t count, int n) { return Counts{count / n * n, count / n, count / n, 0, count / n}; },
@@ -82,33 +177,31 @@ const CollTest kCollTests[9] = {
        const size_t block = x.c.paramCount;
        return plainValue(x, int(k / block), size_t(x.rank) * block + k % block);
      },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_alltoall(comm, s, r, x.c.paramCount, x.dtype); },
+     alltoallOf,
      [](int n) { return double(n - 1) / n; }},
     {"sendrecv", "rank r sends its buffer to rank r+1 and receives rank r-1's", false, false,
      [](size_t count, int) { return Counts{count, count, count, 0, 0}; },
      [](const Ctx &x, size_t k) { return plainValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return plainValue(x, (x.rank + x.nranks - 1) % x.nranks, k); },
-     [](auto comm, auto s, auto r, auto &x) { return sendRecvRing(comm, s, r, x); },
+     sendRecvRing,
      [](int) { return 1.0; }},
     {"reduce", "the root receives the reduction of all ranks' buffers", true, true,
      [](size_t count, int) { return Counts{count, count, count, 0, 0}; },
      [](const Ctx &x, size_t k) { return redValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return reduceOverRanks(x, k); },
-     [](auto comm, auto s, auto r, auto &x) {
-       return shoal_reduce(comm, s, r, x.c.paramCount, x.dtype, x.op, x.root);
-     },
+     reduceOf,
      [](int) { return 1.0; }, true},
     {"gather", "the root receives all ranks' blocks, rank r's at r * count", false, true,
      [](size_t count, int n) { return Counts{count / n, count / n * n, count / n, count / n, 0}; },
      [](const Ctx &x, size_t k) { return plainValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return plainValue(x, int(k / x.c.paramCount), k % x.c.paramCount); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_gather(comm, s, r, x.c.paramCount, x.dtype, x.root); },
+     gatherOf,
      [](int n) { return double(n - 1) / n; }, true},
     {"scatter", "rank r receives block r of the root's buffer", false, true,
      [](size_t count, int n) { return Counts{count / n * n, count / n, count / n, 0, count / n}; },
      [](const Ctx &x, size_t k) { return plainValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return plainValue(x, x.root, size_t(x.rank) * x.c.paramCount + k); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_scatter(comm, s, r, x.c.paramCount, x.dtype, x.root); },
+     scatterOf,
      [](int n) { return double(n - 1) / n; }},
 };
 

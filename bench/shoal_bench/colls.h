@@ -28,6 +28,13 @@ struct CollTest {
 extern const CollTest kCollTests[9];
 inline const CollTest &kAllreduce = kCollTests[0];
 inline const CollTest &kAllgather = kCollTests[1];
+inline const CollTest &kReduceScatter = kCollTests[3];
+inline const CollTest &kReduce = kCollTests[6];
+
+// --memory cuda runs every collective through the C API's tensor forms (NCCL
+// underneath); this says why coll with op cannot run there (nullptr: it can):
+// the C API has no CUDA form of it, or NCCL has no such reduction.
+const char *cudaRefusal(const CollTest &coll, shoal_op_t op);
 
 // nccl-tests' names (all_reduce, all_reduce_perf) are accepted too; nullptr when unknown.
 const CollTest *findColl(const char *name);

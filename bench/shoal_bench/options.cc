@@ -37,7 +37,8 @@ void usage() {
          "  --algo ALGO          allreduce algorithm: auto, ring, tree or doubling; bruck: alltoall by\n"
          "                       Bruck's algorithm (else pairwise) [SHOAL_ALGO, else auto]\n"
          "  --memory host|cuda   where the buffers live; cuda: device (local rank mod devices),\n"
-         "                       allreduce and allgather, NCCL underneath (CUDA build) [host]\n"
+         "                       every collective but reduce_scatter (no CUDA form), through the\n"
+         "                       C API's tensor calls, NCCL underneath (CUDA build) [host]\n"
          "  --version            shoal-bench's and the loaded libshoal's versions\n"
          "  -h, --help           this help\n"
          "\nallreduce only:\n"
@@ -259,11 +260,11 @@ Options parseArgs(int argc, char **argv) {
   if (o.minBytes == 0) usageError(-1, "-b: the smallest size must be at least 1 byte");
   if (o.maxBytes < o.minBytes) usageError(-1, "-e %zu is smaller than -b %zu", o.maxBytes, o.minBytes);
   if (o.stepFactor < 2 && o.stepBytes == 0) usageError(-1, "-i: the step must be at least 1 byte");
-  if (o.memory == SHOAL_MEMORY_CUDA && o.coll != &kAllreduce && o.coll != &kAllgather)
-    usageError(-1, "--memory cuda: allreduce and allgather only, not %s", o.coll->name);
   const bool bitwise = o.op == SHOAL_BAND || o.op == SHOAL_BOR || o.op == SHOAL_BXOR;
   if (o.coll->hasOp && bitwise && kTypes[o.dtype].isFloat)
     usageError(-1, "-o %s needs an integer dtype, not %s", shoal_op_name(o.op), shoal_dtype_name(o.dtype));
+  if (o.memory == SHOAL_MEMORY_CUDA)
+    if (const char *why = cudaRefusal(*o.coll, o.op)) usageError(-1, "--memory cuda: %s", why);
   if (o.coll != &kAllreduce) {  // SHOAL_COMPRESSOR does not touch the other collectives
     if (allreduceOnly) usageError(-1, "%s applies to allreduce only, not %s", allreduceOnly, o.coll->name);
     return o;

@@ -353,6 +353,10 @@ shoal_status_t shoal_op_from_name(const char *name, shoal_op_t *op);
 
 /* The loaded library's SHOAL_VERSION_CODE (it may differ from the header's). */
 shoal_status_t shoal_get_version(int *version);
+/* 1 when the loaded library was built with feature, else 0 (also for an
+ * unknown name or NULL): "cuda" (CUDA tensors and kernels), "nccl" (the NCCL
+ * transport CUDA tensors travel over). Bindings ask it (Horovod's cuda_built). */
+int shoal_built_with(const char *feature);
 /* sizeof a public struct by its typedef name ("shoal_tensor_t", "shoal_config_t",
  * "shoal_allreduce_options_t", ...), for bindings that mirror them; 0 for an unknown name. */
 size_t shoal_struct_size(const char *name);
@@ -405,8 +409,13 @@ typedef struct shoal_async_options {
 /* Starts the runtime now (optional: the first async call does it). Collective. */
 shoal_status_t shoal_async_start(shoal_comm_t comm);
 
-/* Allreduce of a named host tensor (output may equal input). Any op valid for
- * the dtype; only SHOAL_SUM/SHOAL_AVG of dtypes the compressor takes compress. */
+/* Allreduce of a named tensor (output may equal input). Any op valid for
+ * the dtype; only SHOAL_SUM/SHOAL_AVG of dtypes the compressor takes compress.
+ * shoal_iallreduce, shoal_iallgather, shoal_ibroadcast and shoal_ialltoall take host tensors,
+ * and in a CUDA build CUDA tensors too: never fused, run one by one over NCCL
+ * on the input tensor's stream, complete (on the device) when the request is;
+ * the stream rules are in docs/gpu.md. A build without CUDA refuses them
+ * (SHOAL_ERR_UNSUPPORTED). */
 shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char *name, const shoal_tensor_t *input,
                                 const shoal_tensor_t *output, shoal_op_t op, const shoal_async_options_t *options,
                                 shoal_request_t *request);
@@ -422,6 +431,7 @@ shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal
  * order with the other requests): sendcounts[p] elements of input, in order,
  * go to rank p; sendcounts == NULL splits input evenly (its element count a
  * multiple of the world size; then every rank must pass the same shape).
+ * CUDA input (a CUDA build): the result is device memory on its device.
  * What arrives is held by the request until shoal_request_free:
  * shoal_request_alltoall_result gives it. Every rank must submit the name
  * with the same dtype and both with or both without sendcounts. */

@@ -42,14 +42,41 @@ void checkName(const char* call, const char* name) {
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: names starting with __shoal are reserved; rename '{}'", call, name);
 }
 
+// The memory kind of an async tensor. A CUDA build takes CUDA tensors too
+// (runtime/cuda_requests.h: never fused, run through NCCL); a build without
+// CUDA refuses them here, on the submitting rank.
+shoal_memory_t checkMemory(const char* call, const char* what, const shoal_tensor_t& tensor) {
+  int memory = 0;  // read as the int a C caller stored: a value outside the enum is UB to load as one
+  static_assert(sizeof memory == sizeof tensor.memory);
+  std::memcpy(&memory, &tensor.memory, sizeof memory);
+#if SHOAL_WITH_CUDA
+  if (memory == SHOAL_MEMORY_HOST || memory == SHOAL_MEMORY_CUDA) return static_cast<shoal_memory_t>(memory);
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->memory {} is not a shoal_memory_t; use SHOAL_MEMORY_HOST or "
+       "SHOAL_MEMORY_CUDA", call, what, memory);
+#else
+  if (memory == SHOAL_MEMORY_HOST) return SHOAL_MEMORY_HOST;
+  fail(SHOAL_ERR_UNSUPPORTED, "{}: {} is not host memory; the async runtime handles host tensors", call, what);
+#endif
+}
+
+// Input and output of one request: one memory kind, and CUDA tensors on one device.
+void checkSameMemory(const char* call, const shoal_tensor_t& input, const shoal_tensor_t& output) {
+  if (input.memory != output.memory)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is {} but output {}; shoal does not copy between them: pass both in "
+         "host memory or both in CUDA memory", call, runtime::memoryName(input.memory),
+         runtime::memoryName(output.memory));
+  if (input.memory == SHOAL_MEMORY_CUDA && input.device != output.device)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is on CUDA device {} but output on {}; put both on one device", call,
+         input.device, output.device);
+}
+
 // The tensor's shape as metadata; checks dtype, memory, ndim, extents and data.
 std::vector<int64_t> checkTensor(const char* call, const char* what, const shoal_tensor_t* tensor) {
   if (tensor == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL", call, what);
   if (dtypeSize(tensor->dtype) == 0)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->dtype {} is not a shoal_dtype_t; use SHOAL_F16 .. SHOAL_U64", call, what,
          static_cast<int>(tensor->dtype));
-  if (tensor->memory != SHOAL_MEMORY_HOST)
-    fail(SHOAL_ERR_UNSUPPORTED, "{}: {} is not host memory; the async runtime handles host tensors", call, what);
+  checkMemory(call, what, *tensor);
   if (tensor->ndim < 0 || tensor->ndim > SHOAL_MAX_DIMS)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {}->ndim {} is outside 0..{}", call, what, tensor->ndim, SHOAL_MAX_DIMS);
   const size_t elements = checkedTensorElements(call, what, *tensor);
@@ -92,6 +119,8 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
     r->meta.kind = OpKind::Allreduce;
     r->meta.shape = checkTensor(call, "input", input);
     std::vector<int64_t> outShape = checkTensor(call, "output", output);
+    checkSameMemory(call, *input, *output);
+    r->meta.memory = input->memory;
     r->meta.dtype = input->dtype;
     r->meta.op = op;
     if (op < 0 || op >= SHOAL_OP_COUNT || !isValidDtypeOp(input->dtype, op))
@@ -131,6 +160,7 @@ SHOAL_EXPORT shoal_status_t shoal_iallgather(shoal_comm_t comm, const char* name
     r->name = name;
     r->meta.kind = OpKind::Allgather;
     r->meta.shape = checkTensor(call, "input", input);
+    r->meta.memory = input->memory;  // output: memory of the same kind and device
     r->meta.dtype = input->dtype;
     if (output == nullptr && r->meta.bytes() > 0)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output is NULL; pass room for {} x {} elements", call, c.size,
@@ -152,6 +182,7 @@ SHOAL_EXPORT shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char* name
     r->name = name;
     r->meta.kind = OpKind::Broadcast;
     r->meta.shape = checkTensor(call, "tensor", tensor);
+    r->meta.memory = tensor->memory;
     r->meta.dtype = tensor->dtype;
     r->meta.root = root;
     r->input = *tensor;
@@ -168,6 +199,7 @@ SHOAL_EXPORT shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char* name,
     auto r = std::make_shared<runtime::Request>();
     r->name = name;
     std::vector<int64_t> shape = checkTensor(call, "input", input);
+    r->meta.memory = input->memory;  // CUDA: what arrives is device memory the request holds
     r->meta.dtype = input->dtype;
     const size_t elements = checkedTensorElements(call, "input", *input);
     if (sendcounts == nullptr) {
@@ -218,8 +250,13 @@ SHOAL_EXPORT shoal_status_t shoal_request_alltoall_result(shoal_request_t reques
       fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: data and count (out-parameters) must not be "
            "NULL");
     const size_t element = dtypeSize(r.meta.dtype);
-    *count = r.received.size() / element;
-    *data = r.received.empty() ? nullptr : r.received.data();
+    if (r.meta.memory == SHOAL_MEMORY_CUDA) {  // device memory on the input's device, freed with the request
+      *count = r.receivedBytes / element;
+      *data = r.deviceReceived.get();
+    } else {
+      *count = r.received.size() / element;
+      *data = r.received.empty() ? nullptr : r.received.data();
+    }
     if (recvcounts != nullptr) std::copy(r.recvcounts.begin(), r.recvcounts.end(), recvcounts);
   });
 }

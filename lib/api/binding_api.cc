@@ -46,3 +46,14 @@ SHOAL_EXPORT size_t shoal_struct_size(const char* name) {
     if (std::strcmp(entry.name, name) == 0) return entry.size;
   return 0;
 }
+
+SHOAL_EXPORT int shoal_built_with(const char* feature) {
+  if (feature == nullptr) return 0;
+#if SHOAL_WITH_CUDA
+  if (std::strcmp(feature, "cuda") == 0) return 1;
+#endif
+#if SHOAL_WITH_NCCL
+  if (std::strcmp(feature, "nccl") == 0) return 1;
+#endif
+  return 0;
+}

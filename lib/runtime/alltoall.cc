@@ -32,26 +32,31 @@ PeerLayout packed(const std::vector<size_t>& counts, size_t element) {
 
 }  // namespace
 
+CallSignature alltoallSignature(const Request& r, int size) {
+  const bool perPeer = r.meta.kind == OpKind::Alltoallv;
+  return signatureOf(perPeer ? CallKind::Alltoallv : CallKind::Alltoall, r.meta.dtype, -1,
+                     perPeer ? 0 : r.meta.elements() / size, -1, "pairwise");
+}
+
+std::vector<size_t> alltoallRecvCounts(shoal_comm& comm, const Request& r) {
+  if (r.meta.kind != OpKind::Alltoallv) return r.sendcounts;  // the same shape everywhere (negotiated)
+  // Each rank tells each peer how much it sends it: an alltoall of one count each way.
+  std::vector<uint64_t> out(r.sendcounts.begin(), r.sendcounts.end()), in(comm.size);
+  const std::vector<size_t> word(comm.size, sizeof(uint64_t));
+  std::vector<size_t> place(comm.size);
+  for (int p = 0; p < comm.size; ++p) place[p] = p * sizeof(uint64_t);
+  runCollective(comm, takeSequence(comm), [&](Context& context) {
+    alltoallvPairwise(context, reinterpret_cast<const uint8_t*>(out.data()), {word.data(), place.data()},
+                      reinterpret_cast<uint8_t*>(in.data()), {word.data(), place.data()});
+  });
+  return std::vector<size_t>(in.begin(), in.end());
+}
+
 void runAlltoall(shoal_comm& comm, Request& r, Timeline* timeline) {
   const size_t element = dtypeSize(r.meta.dtype);
-  const bool perPeer = r.meta.kind == OpKind::Alltoallv;
-  CallScope scope(comm, signatureOf(perPeer ? CallKind::Alltoallv : CallKind::Alltoall, r.meta.dtype, -1,
-                                    perPeer ? 0 : r.meta.elements() / comm.size, -1, "pairwise"));
+  CallScope scope(comm, alltoallSignature(r, comm.size));
   const Clock::time_point begin = Clock::now();
-  if (perPeer) {
-    // Each rank tells each peer how much it sends it: an alltoall of one count each way.
-    std::vector<uint64_t> out(r.sendcounts.begin(), r.sendcounts.end()), in(comm.size);
-    const std::vector<size_t> word(comm.size, sizeof(uint64_t));
-    std::vector<size_t> place(comm.size);
-    for (int p = 0; p < comm.size; ++p) place[p] = p * sizeof(uint64_t);
-    runCollective(comm, takeSequence(comm), [&](Context& context) {
-      alltoallvPairwise(context, reinterpret_cast<const uint8_t*>(out.data()), {word.data(), place.data()},
-                        reinterpret_cast<uint8_t*>(in.data()), {word.data(), place.data()});
-    });
-    r.recvcounts.assign(in.begin(), in.end());
-  } else {
-    r.recvcounts = r.sendcounts;  // the same shape everywhere (negotiated): even blocks both ways
-  }
+  r.recvcounts = alltoallRecvCounts(comm, r);
   const PeerLayout send = packed(r.sendcounts, element), recv = packed(r.recvcounts, element);
   r.received.resize(recv.total);
   runCollective(comm, takeSequence(comm), [&](Context& context) {

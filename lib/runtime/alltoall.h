@@ -3,6 +3,9 @@
 // negotiated order, on the engine thread.
 #pragma once
 
+#include <vector>
+
+#include "comm/agree.h"
 #include "runtime/request.h"
 
 struct shoal_comm;
@@ -18,5 +21,11 @@ class Timeline;
 // pair's counts in a small alltoall, so the received sizes are known (and
 // agree by construction) before the data moves.
 void runAlltoall(shoal_comm& comm, Request& request, Timeline* timeline);
+
+// Its pieces, shared with the CUDA form (runtime/cuda_requests.h): the call's
+// signature (for a CallScope), and the elements this rank receives from each
+// rank (the per-peer form's count exchange takes a sequence number).
+CallSignature alltoallSignature(const Request& request, int size);
+std::vector<size_t> alltoallRecvCounts(shoal_comm& comm, const Request& request);
 
 }  // namespace shoal::runtime

@@ -17,6 +17,7 @@
 #include "comm/hosts.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "runtime/cuda_requests.h"
 
 namespace shoal::runtime {
 namespace {
@@ -80,7 +81,9 @@ void logGroup(const shoal_comm& comm, const Group& group) {
   size_t bytes = 0;
   for (const Ready* member : group.members) bytes += member->request->meta.bytes();
   std::string how;
-  if (meta.kind == OpKind::Allreduce)
+  if (meta.memory == SHOAL_MEMORY_CUDA)
+    how = fmt::format(", CUDA tensors through NCCL{}", head.compress ? ", compressor " + meta.compressor : "");
+  else if (meta.kind == OpKind::Allreduce)
     how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
                                       meta.options.empty() ? "" : " (" + meta.options + ")")
                         : fmt::format(", algorithm {}, uncompressed{}",
@@ -653,7 +656,13 @@ void Engine::execute(std::vector<Ready>& ready) {
         fail(SHOAL_ERR_TIMEOUT, "rank {} gave up waiting for its blocking call {} before the runtime could run it",
              comm_.rank, member->request->meta.call);
     try {
-      runGroup(comm_, group, fusionBuffer_, timeline_.get());
+      Request& head = *group.members.front()->request;
+      if (onCuda(head)) {  // alone in its group (planGroups): the CUDA path
+        if (timeline_) timeline_->span(head.name, "QUEUE", group.members.front()->readyAt, Clock::now());
+        runCudaRequest(comm_, head, timeline_.get());
+      } else {
+        runGroup(comm_, group, fusionBuffer_, timeline_.get());
+      }
     } catch (const Error& error) {
       std::string text = group.members.front()->request->name == kBlockingName
                              ? std::string(error.what())

@@ -134,7 +134,9 @@ std::vector<Group> planGroups(std::vector<Ready>& ready, size_t threshold) {
   std::map<FusionKey, std::pair<size_t, size_t>> open;  // key -> (group index, bytes so far)
   for (Ready& r : ready) {
     const Metadata& meta = r.request->meta;
-    const bool fusable = meta.kind == OpKind::Allreduce && threshold > 0;
+    // CUDA tensors never fuse (runtime/cuda_requests.h): each runs alone, so
+    // no group mixes memory kinds and no host fusion buffer sees device memory.
+    const bool fusable = meta.kind == OpKind::Allreduce && meta.memory == SHOAL_MEMORY_HOST && threshold > 0;
     if (fusable) {
       FusionKey key = keyOf(r);
       auto found = open.find(key);

@@ -9,6 +9,9 @@ namespace shoal::runtime {
 std::string whyNoStandIn(const Metadata& meta) {
   switch (meta.kind) {
     case OpKind::Allreduce:
+      if (meta.memory == SHOAL_MEMORY_CUDA)  // its zeros are host memory; the others' call runs on NCCL
+        return "a joined rank cannot stand in for an allreduce of CUDA tensors (it holds no device buffer for it); "
+               "allreduce host tensors while ranks may have joined";
       break;
     case OpKind::Blocking:
       return "a joined rank cannot stand in for a blocking call (its peers' arguments never reach it); use the "

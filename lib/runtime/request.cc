@@ -22,6 +22,8 @@ const char* opKindName(OpKind kind) {
   return "invalid";
 }
 
+const char* memoryName(shoal_memory_t memory) { return memory == SHOAL_MEMORY_CUDA ? "CUDA memory" : "host memory"; }
+
 size_t Metadata::elements() const {
   size_t count = 1;
   for (int64_t extent : shape) count *= static_cast<size_t>(extent);
@@ -37,6 +39,7 @@ std::string Metadata::describe() const {
     text += fmt::format(" op {} compressor {}{}", shoal_op_name(op), compressor,
                         options.empty() ? "" : " (" + options + ")");
   if (kind == OpKind::Broadcast) text += fmt::format(" root {}", root);
+  if (memory != SHOAL_MEMORY_HOST) text += fmt::format(" in {}", memoryName(memory));
   return text;
 }
 
@@ -49,6 +52,8 @@ std::string differences(const Metadata& a, const Metadata& b) {
   if (a.shape != b.shape) parts.push_back(fmt::format("shape [{}] vs [{}]", fmt::join(a.shape, ", "), fmt::join(b.shape, ", ")));
   if (a.op != b.op) parts.push_back(fmt::format("op {} vs {}", shoal_op_name(a.op), shoal_op_name(b.op)));
   if (a.root != b.root) parts.push_back(fmt::format("root {} vs {}", a.root, b.root));
+  if (a.memory != b.memory)
+    parts.push_back(fmt::format("memory {} vs {}", memoryName(a.memory), memoryName(b.memory)));
   if (a.compressor != b.compressor) parts.push_back(fmt::format("compressor {} vs {}", a.compressor, b.compressor));
   if (a.options != b.options) parts.push_back(fmt::format("compressor options '{}' vs '{}'", a.options, b.options));
   if (a.minBytes != b.minBytes) parts.push_back(fmt::format("compress_min_bytes {} vs {}", a.minBytes, b.minBytes));
@@ -85,6 +90,7 @@ void appendMetadata(std::string& out, const Metadata& meta) {
   appendU64(out, static_cast<uint64_t>(meta.dtype));
   appendU64(out, static_cast<uint64_t>(meta.op));
   appendU64(out, static_cast<uint64_t>(static_cast<int64_t>(meta.root)));
+  appendU64(out, static_cast<uint64_t>(meta.memory));
   appendU64(out, meta.shape.size());
   for (int64_t extent : meta.shape) appendU64(out, static_cast<uint64_t>(extent));
   appendString(out, meta.compressor);
@@ -99,6 +105,10 @@ Metadata readMetadata(const uint8_t*& cursor, const uint8_t* end) {
   meta.dtype = static_cast<shoal_dtype_t>(readU64(cursor, end));
   meta.op = static_cast<shoal_op_t>(readU64(cursor, end));
   meta.root = static_cast<int>(static_cast<int64_t>(readU64(cursor, end)));
+  const uint64_t memory = readU64(cursor, end);
+  if (memory != SHOAL_MEMORY_HOST && memory != SHOAL_MEMORY_CUDA)
+    fail(SHOAL_ERR_INTERNAL, "async runtime: a negotiation message is corrupt");
+  meta.memory = static_cast<shoal_memory_t>(memory);
   uint64_t dims = readU64(cursor, end);
   if (dims > SHOAL_MAX_DIMS) fail(SHOAL_ERR_INTERNAL, "async runtime: a negotiation message is corrupt");
   for (uint64_t d = 0; d < dims; ++d) meta.shape.push_back(static_cast<int64_t>(readU64(cursor, end)));

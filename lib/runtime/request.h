@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ namespace shoal::runtime {
 enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3, Join = 4, Alltoall = 5,
                               Alltoallv = 6 };
 const char* opKindName(OpKind kind);
+const char* memoryName(shoal_memory_t memory);  // "host memory", "CUDA memory"
 
 // The name under which blocking calls travel through the engine once it runs
 // (one at a time per rank, so one name suffices and stays cached).
@@ -31,6 +33,10 @@ struct Metadata {
   shoal_dtype_t dtype = SHOAL_F32;
   shoal_op_t op = SHOAL_SUM;
   int root = -1;                 // broadcast only
+  // Where the tensors live: CUDA requests never fuse with host ones and run
+  // through the CUDA path (runtime/cuda_requests.h). The device ordinal is
+  // each rank's own business, not agreed.
+  shoal_memory_t memory = SHOAL_MEMORY_HOST;
   std::vector<int64_t> shape;
   std::string compressor;        // allreduce: "none" = uncompressed
   std::string options;
@@ -73,6 +79,10 @@ struct Request {
   // then from each rank and the received data (set by the engine before completing).
   std::vector<size_t> sendcounts, recvcounts;
   std::vector<uint8_t> received;
+  // CUDA memory (runtime/cuda_requests.h): the received data lies on the input's
+  // device instead, freed with the request; receivedBytes says how much.
+  std::shared_ptr<void> deviceReceived;
+  size_t receivedBytes = 0;
 
   // Queued -> Running; false when the submitter gave up (Cancelled).
   bool tryStart();

@@ -78,12 +78,12 @@ class Buffer:
         return self.tensor.data
 
 
-def _from_torch(obj, what, writable):
+def _from_torch(obj, what, writable, cuda=False):
     global _torch_table
     torch = _torch()
     if _torch_table is None:
         _torch_table = torch_dtypes(torch)
-    if obj.device.type != "cpu":
+    if obj.device.type != "cpu" and not (cuda and obj.device.type == "cuda"):
         raise TypeError("shoal: %s is a %s tensor; this binding takes CPU tensors (move it with .cpu())"
                         % (what, obj.device.type))
     if obj.is_sparse:
@@ -97,7 +97,19 @@ def _from_torch(obj, what, writable):
             raise ValueError("shoal: %s is not contiguous; shoal writes it in place, so pass a contiguous tensor "
                              "(.contiguous())" % what)
         obj = obj.contiguous()
-    return Buffer(obj, obj.data_ptr(), dtype, obj.shape, True, True)
+    buf = Buffer(obj, obj.data_ptr(), dtype, obj.shape, True, True)
+    if obj.device.type == "cuda":
+        # Device memory, ordered on the stream torch queues this device's work on now
+        # (docs/gpu.md, "Async requests on CUDA tensors").
+        buf.tensor.memory = T.MEMORY_CUDA
+        buf.tensor.device = obj.device.index if obj.device.index is not None else torch.cuda.current_device()
+        buf.tensor.stream = current_stream(obj)
+    return buf
+
+
+def current_stream(obj):
+    """The cudaStream_t (an int; None for the default stream) torch queues obj's device's work on now."""
+    return _torch().cuda.current_stream(obj.device).cuda_stream or None
 
 
 def _to_numpy(obj, what):
@@ -116,10 +128,12 @@ def _to_numpy(obj, what):
     return np.asarray(view)
 
 
-def describe(obj, what="the tensor", writable=False):
-    """A Buffer over obj. writable=True: shoal will write into it (an output or in-place tensor)."""
+def describe(obj, what="the tensor", writable=False, cuda=False):
+    """A Buffer over obj. writable=True: shoal will write into it (an output or in-place tensor).
+    cuda=True: a torch CUDA tensor is taken too (the calls whose C form takes CUDA tensors); else
+    only host memory."""
     if is_torch(obj):
-        return _from_torch(obj, what, writable)
+        return _from_torch(obj, what, writable, cuda)
     array = _to_numpy(obj, what)
     dtype = _NUMPY_DTYPES.get(array.dtype.name)
     if dtype is None:
@@ -141,13 +155,21 @@ def empty_like(buf, shape=None):
     shape = buf.shape if shape is None else tuple(shape)
     if buf.is_torch:
         torch = _torch()
-        return torch.empty(shape, dtype=buf.array.dtype)
+        return torch.empty(shape, dtype=buf.array.dtype, device=buf.array.device)
     return np.empty(shape, dtype=buf.array.dtype)
 
 
 def copy_into(dst, src):
-    """Copies src's bytes into dst (same byte count; host memory)."""
+    """Copies src's bytes into dst (same byte count; both host memory, or both torch CUDA tensors:
+    then torch copies on the current stream, the one the collective is ordered on)."""
     if dst.nbytes != src.nbytes:
         raise ValueError("shoal: internal size mismatch in copy (%d vs %d bytes)" % (dst.nbytes, src.nbytes))
+    if dst.tensor.memory == T.MEMORY_CUDA or src.tensor.memory == T.MEMORY_CUDA:
+        if dst.tensor.memory != src.tensor.memory:
+            raise TypeError("shoal: the output is %s memory but the input %s; pass both on the same device"
+                            % ("CUDA" if dst.tensor.memory == T.MEMORY_CUDA else "host",
+                               "CUDA" if src.tensor.memory == T.MEMORY_CUDA else "host"))
+        dst.array.reshape(-1).copy_(src.array.reshape(-1))
+        return
     if dst.nbytes:
         ctypes.memmove(dst.address, src.address, dst.nbytes)

@@ -33,6 +33,11 @@ def _text(raw):
     return (raw or b"").decode(errors="replace")
 
 
+def _place(buf):
+    """Where a Buffer's memory lives, for error texts: "the host" or "CUDA device N"."""
+    return "CUDA device %d" % buf.tensor.device if buf.tensor.memory == T.MEMORY_CUDA else "the host"
+
+
 def check(status, comm_handle=None):
     if status != 0:
         raise ShoalError(status, _text(lib.shoal_last_error(comm_handle)))
@@ -183,14 +188,14 @@ def wait_all(requests, timeout_s=None):
 class PreparedAllreduce:
     """An in-place named allreduce, described once (Communicator.prepare_iallreduce)."""
     __slots__ = ("comm", "name", "cname", "code", "buffer", "strings", "options", "tensor_ref", "options_ref",
-                 "address", "shape", "dtype")
+                 "address", "shape", "dtype", "device", "stream")
 
     def __init__(self, comm, x, name, code, compressor, compressor_options, compress_min_bytes):
         self.comm = comm
         self.name = name
         self.cname = _cstr(name, "name")
         self.code = code
-        self.buffer = B.describe(x, "x", writable=True)
+        self.buffer = B.describe(x, "x", writable=True, cuda=True)
         self.strings = [_cstr(compressor, "compressor"),
                         _cstr(_options_string(compressor_options), "compressor_options")]
         self.options = T.new(T.AsyncOptions, compressor=self.strings[0], compressor_options=self.strings[1],
@@ -200,13 +205,16 @@ class PreparedAllreduce:
         self.address = self.buffer.address or 0
         self.shape = self.buffer.shape
         self.dtype = getattr(x, "dtype", None)
+        self.device = getattr(x, "device", None)
+        self.stream = self.buffer.tensor.stream  # a CUDA tensor's: torch's current stream when prepared
         self.buffer.array = None  # the plan must not keep the tensor alive; each Request keeps its own
 
     def matches(self, x):
         """Whether x is the memory, dtype and shape this plan describes (a torch tensor or numpy array)."""
         if B.is_torch(x):
             return (x.data_ptr() == self.address and x.dtype == self.dtype and tuple(x.shape) == self.shape
-                    and x.is_contiguous() and x.device.type == "cpu" and not x.is_sparse)
+                    and x.is_contiguous() and x.device == self.device and not x.is_sparse
+                    and (x.device.type == "cpu" or B.current_stream(x) == self.stream))
         if isinstance(x, np.ndarray):
             return (x.__array_interface__["data"][0] == self.address and x.dtype == self.dtype
                     and x.shape == self.shape and x.flags.c_contiguous and x.flags.writeable)
@@ -329,9 +337,14 @@ class Communicator:
     # ---- helpers ------------------------------------------------------------
     @staticmethod
     def _output(src, out, shape, what="out"):
-        """out described as writable, or a fresh array of src's kind with the given shape."""
+        """out described as writable, or a fresh array of src's kind with the given shape. A CUDA
+        src (the async calls) needs out on the same device: a fresh one is made there."""
         array = B.empty_like(src, shape) if out is None else out
-        buf = B.describe(array, what, writable=True)
+        cuda = src.tensor.memory == T.MEMORY_CUDA
+        buf = B.describe(array, what, writable=True, cuda=cuda)
+        if buf.tensor.memory != src.tensor.memory or (cuda and buf.tensor.device != src.tensor.device):
+            raise TypeError("shoal: %s is on %s but the input on %s; pass both on the same device"
+                            % (what, _place(buf), _place(src)))
         if buf.dtype != src.dtype:
             raise TypeError("shoal: %s has dtype %s but the input has %s" % (what, T.DTYPE_NAMES[buf.dtype],
                                                                             T.DTYPE_NAMES[src.dtype]))
@@ -494,7 +507,7 @@ class Communicator:
         """Submits a named allreduce to the runtime; returns a Request whose wait() gives out."""
         code = parse_op(op)
         cname = _cstr(name, "name")
-        src = B.describe(x, "x", writable=out is not None and out is x)
+        src = B.describe(x, "x", writable=out is not None and out is x, cuda=True)
         array, dst = self._output(src, out, src.shape)
         dst.tensor.ndim = src.tensor.ndim
         ctypes.memmove(ctypes.addressof(dst.tensor.shape), ctypes.addressof(src.tensor.shape), 8 * T.MAX_DIMS)
@@ -529,7 +542,7 @@ class Communicator:
 
     def iallgather(self, x, name, out=None):
         cname = _cstr(name, "name")
-        src = B.describe(x, "x")
+        src = B.describe(x, "x", cuda=True)
         array, dst = self._output(src, out, self._gather_shape(src))
         handle = ctypes.c_void_p()
         self._check(lib.shoal_iallgather(self.handle, cname, ctypes.byref(src.tensor), dst.address,
@@ -540,7 +553,7 @@ class Communicator:
         """Root's x into out (None: a fresh array; out=x: in place)."""
         self._check_root(root)
         cname = _cstr(name, "name")
-        src = B.describe(x, "x", writable=out is not None and out is x)
+        src = B.describe(x, "x", writable=out is not None and out is x, cuda=True)
         array, dst = self._output(src, out, src.shape)
         if not self._same_memory(src, dst):
             B.copy_into(dst, src)

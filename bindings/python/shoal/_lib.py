@@ -79,6 +79,7 @@ DECLARATIONS = {
     "shoal_dtype_from_name": (_s, [_str, P(_i)]),
     "shoal_op_from_name": (_s, [_str, P(_i)]),
     "shoal_get_version": (_s, [P(_i)]),
+    "shoal_built_with": (_i, [_str]),
     "shoal_struct_size": (_size, [_str]),
     "shoal_tensor_init": (_s, [P(T.Tensor), _p, _size, _i]),
     "shoal_config_print": (_s, [_p, _i]),

@@ -18,6 +18,7 @@ SUM, AVG, PROD, MIN, MAX, BAND, BOR, BXOR = range(8)
 OP_NAMES = ("sum", "avg", "prod", "min", "max", "band", "bor", "bxor")
 
 MEMORY_HOST = 0
+MEMORY_CUDA = 1
 LOWRANK_DENSE = 1
 
 

@@ -14,6 +14,7 @@ import torch
 
 import shoal
 from shoal import ShoalError
+from shoal._lib import lib as _clib
 
 from .compression import Compression
 
@@ -188,7 +189,7 @@ def gloo_built():
 
 
 def nccl_built():
-    return 0
+    return 1 if _clib.shoal_built_with(b"nccl") else 0
 
 
 def ddl_built():
@@ -200,7 +201,9 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """Whether libshoal was built with CUDA: then allreduce, allgather and broadcast take CUDA tensors
+    (over NCCL; see docs/gpu.md for the stream rules)."""
+    return bool(_clib.shoal_built_with(b"cuda"))
 
 
 def rocm_built():
@@ -271,11 +274,22 @@ def _op(op, average=None):
     return op
 
 
-def _check_tensor(tensor, what="tensor"):
+def _check_tensor(tensor, what="tensor", cuda_ok=False):
+    """A torch tensor shoal.torch can take: CPU memory, or (cuda_ok: the async runtime's allreduce,
+    allgather and broadcast) CUDA memory when libshoal was built with CUDA."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("%s must be a torch.Tensor, got %s" % (what, type(tensor).__name__))
-    if tensor.device.type != "cpu":
-        raise TypeError("%s is on %s; shoal.torch takes CPU tensors" % (what, tensor.device))
+    if tensor.device.type == "cpu":
+        return
+    if tensor.device.type == "cuda" and cuda_ok and cuda_built():
+        return
+    if tensor.device.type == "cuda" and cuda_ok:
+        raise TypeError("%s is on %s, but this libshoal was built without CUDA (shoal.torch.cuda_built() is False); "
+                        "shoal.torch takes CPU tensors" % (what, tensor.device))
+    if tensor.device.type == "cuda":
+        raise TypeError("%s is on %s; this operation takes CPU tensors (CUDA tensors: allreduce, allgather with the "
+                        "same first extent on every rank, and broadcast)" % (what, tensor.device))
+    raise TypeError("%s is on %s; shoal.torch takes CPU tensors" % (what, tensor.device))
 
 
 def _scale(tensor, factor):
@@ -292,7 +306,7 @@ def _raise(error):
 
 # ---- allreduce -------------------------------------------------------------------------------------------
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression, process_set=None):
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     comm = _comm_of(process_set)
     name = _auto_name("allreduce", name)
     if output is not tensor:
@@ -349,7 +363,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Averages (op=Average, the default) or reduces tensor over all ranks; returns a new tensor.
     Differentiable: the gradient is the same allreduce of the output's gradient."""
     op = _op(op, average)
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
@@ -406,7 +420,7 @@ def allgather_async(tensor, name=None, process_set=None):
     """Concatenates every rank's tensor along dim 0 (the first extent may differ per rank).
     Equal first extents run as one async request; unequal ones run at submission (shoal has no
     async allgatherv), and the handle is then already complete."""
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     name = _auto_name("allgather", name)
     tensor = tensor.contiguous()
     if tensor.dim() == 0:
@@ -422,6 +436,10 @@ def allgather_async(tensor, name=None, process_set=None):
         rows = [int(r) for r in shapes[:, 0]]
         if all(r == rows[0] for r in rows):
             return _new_handle(comm.iallgather(tensor, name))
+        if tensor.device.type != "cpu":
+            raise TypeError("allgather '%s': first extents differ between ranks (%s), and CUDA tensors take the "
+                            "async allgather only (shoal has no CUDA allgatherv): pad to one extent, or pass CPU "
+                            "tensors" % (name, rows))
         return _new_handle(_Done(comm.allgatherv(tensor, rows)))
     except ShoalError as error:
         _raise(error)
@@ -444,13 +462,13 @@ class _Allgather(torch.autograd.Function):
 
 
 def allgather(tensor, name=None, process_set=None):
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     return _Allgather.apply(tensor, name, process_set)
 
 
 # ---- broadcast -------------------------------------------------------------------------------------------
 def _broadcast_async(tensor, output, root_rank, name, process_set=None):
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     name = _auto_name("broadcast", name)
     comm = _comm_of(process_set)
     if process_set is not None and process_set is not global_process_set:
@@ -488,7 +506,7 @@ class _Broadcast(torch.autograd.Function):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 

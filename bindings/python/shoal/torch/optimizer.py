@@ -15,7 +15,7 @@ import shoal
 from shoal import ShoalError
 
 from .compression import Compression
-from .mpi_ops import Average, Adasum, _OPS, _op, _raise, _scale, size
+from .mpi_ops import Average, Adasum, _OPS, _check_tensor, _op, _raise, _scale, size
 from .functions import broadcast_object
 
 
@@ -119,6 +119,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  % self._parameter_names[p])
             p.grad = p.grad.to_dense()
         grad = p.grad
+        _check_tensor(grad, "the gradient of %s" % self._parameter_names[p], cuda_ok=True)
         if not grad.is_contiguous():
             p.grad = grad = grad.contiguous()
         if self.op == Average:

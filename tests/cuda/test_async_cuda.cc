@@ -1,0 +1,169 @@
+// The async runtime on CUDA tensors (docs/gpu.md, "Async requests on CUDA
+// tensors"): iallreduce, iallgather, ibroadcast and ialltoall of device memory against
+// the values every rank can compute, with host requests of the same cycle
+// beside them (those fuse; the CUDA ones never do, which the stats show), and
+// a host/CUDA disagreement on one name as MISMATCH on every rank. One rank per
+// visible device, at most four, as threads; skips without a device.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda/device.h"
+#include "harness/harness.h"
+#include "harness/rank_sync.h"
+#include "runtime/async_helpers.h"
+
+namespace {
+
+using shoal::test::asyncStats;
+using shoal::test::callOk;
+using shoal::test::runRanks;
+using shoal::test::ScopedEnv;
+using shoal::test::waitAndFree;
+
+struct DeviceFloats {
+  float* data = nullptr;
+  size_t count = 0;
+  explicit DeviceFloats(const std::vector<float>& host) : count(host.size()) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), std::max<size_t>(count, 1) * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(data); }
+  std::vector<float> toHost() const {
+    std::vector<float> host(count);
+    EXPECT_EQ(cudaMemcpy(host.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  shoal_tensor_t tensor(int device) const {
+    shoal_tensor_t t = shoal_tensor_1d(data, count, SHOAL_F32);
+    t.memory = SHOAL_MEMORY_CUDA;
+    t.device = device;
+    return t;
+  }
+};
+
+int devicesOrSkip(std::string* why) { return shoal::cuda::deviceCount(why); }
+
+TEST(AsyncCudaDevice, AllreduceAllgatherBroadcastOfDeviceTensorsBesideHostOnes) {
+  std::string why;
+  const int devices = devicesOrSkip(&why);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int n = std::min(devices, 4);
+  ScopedEnv env{{"SHOAL_FUSION_THRESHOLD", "1048576"}, {"SHOAL_CYCLE_TIME_MS", "5"}};
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    const size_t count = 1001;
+    std::vector<float> mine(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = float(rank + 1) * float(i % 7);
+    DeviceFloats a(mine), b(mine), g(mine), gathered(std::vector<float>(count * n, -1)), bcast(mine);
+    std::vector<float> hostIn(mine), hostOut(count, -1), hostIn2(mine), hostOut2(count, -1);
+    ASSERT_TRUE(callOk(shoal_async_start(comm), comm, "shoal_async_start"));
+    const shoal_async_stats_t before = asyncStats(comm);
+    const shoal_tensor_t ta = a.tensor(rank), tb = b.tensor(rank), tg = g.tensor(rank), tc = bcast.tensor(rank);
+    const shoal_tensor_t hi = shoal_tensor_1d(hostIn.data(), count, SHOAL_F32),
+                         ho = shoal_tensor_1d(hostOut.data(), count, SHOAL_F32),
+                         hi2 = shoal_tensor_1d(hostIn2.data(), count, SHOAL_F32),
+                         ho2 = shoal_tensor_1d(hostOut2.data(), count, SHOAL_F32);
+    std::vector<shoal_request_t> requests(6);
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "cuda.a", &ta, &ta, SHOAL_SUM, nullptr, &requests[0]), comm, "a"));
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "host.a", &hi, &ho, SHOAL_SUM, nullptr, &requests[1]), comm, "h"));
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "cuda.b", &tb, &tb, SHOAL_AVG, nullptr, &requests[2]), comm, "b"));
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "host.b", &hi2, &ho2, SHOAL_SUM, nullptr, &requests[3]), comm, "h2"));
+    ASSERT_TRUE(callOk(shoal_iallgather(comm, "cuda.g", &tg, gathered.data, &requests[4]), comm, "g"));
+    ASSERT_TRUE(callOk(shoal_ibroadcast(comm, "cuda.c", &tc, n - 1, &requests[5]), comm, "c"));
+    EXPECT_EQ(waitAndFree(requests, 60, "rank " + std::to_string(rank)), 0);
+    const float ranksSum = float(n * (n + 1) / 2);
+    std::vector<float> sum(count), avg(count), last(count);
+    for (size_t i = 0; i < count; ++i) {
+      sum[i] = ranksSum * float(i % 7);
+      avg[i] = sum[i] / float(n);
+      last[i] = float(n) * float(i % 7);
+    }
+    EXPECT_EQ(a.toHost(), sum);
+    EXPECT_EQ(hostOut, sum);
+    EXPECT_EQ(hostOut2, sum);
+    const std::vector<float> averaged = b.toHost();
+    for (size_t i = 0; i < count; ++i) EXPECT_NEAR(averaged[i], avg[i], 1e-5f * std::max(1.0f, avg[i])) << i;
+    EXPECT_EQ(bcast.toHost(), last);
+    const std::vector<float> all = gathered.toHost();
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> block(all.begin() + r * count, all.begin() + (r + 1) * count), input(count);
+      for (size_t i = 0; i < count; ++i) input[i] = float(r + 1) * float(i % 7);
+      EXPECT_EQ(block, input) << "block " << r;
+    }
+    // Six requests: the two host allreduces may share one collective, each CUDA one runs alone.
+    const shoal_async_stats_t after = asyncStats(comm);
+    EXPECT_EQ(after.tensors - before.tensors, 6u);
+    EXPECT_GE(after.groups - before.groups, 5u);
+  });
+}
+
+TEST(AsyncCudaDevice, HostOnOneRankAndCudaOnAnotherIsAMismatchEverywhere) {
+  std::string why;
+  const int devices = devicesOrSkip(&why);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    // The disagreement is found in the negotiation, before any NCCL work: one device serves.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    std::vector<float> host(16, 1.0f);
+    DeviceFloats device(host);
+    const shoal_tensor_t t = rank == 0 ? shoal_tensor_1d(host.data(), host.size(), SHOAL_F32) : device.tensor(0);
+    shoal_request_t request = nullptr;
+    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "kind", &t, &t, SHOAL_SUM, nullptr, &request), comm, "submit"));
+    EXPECT_EQ(shoal_wait(request, 60), SHOAL_ERR_MISMATCH);
+    EXPECT_NE(std::string(shoal_request_error(request)).find("memory host memory vs CUDA memory"), std::string::npos)
+        << shoal_request_error(request);
+    shoal_request_free(request);
+  });
+}
+// The async alltoall of device memory: even blocks and per-peer counts; what arrives is device
+// memory the request holds (shoal_request_alltoall_result), rank p's block first.
+TEST(AsyncCudaDevice, AlltoallOfDeviceTensorsGivesDeviceMemory) {
+  std::string why;
+  const int devices = devicesOrSkip(&why);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int n = std::min(devices, 4);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    for (bool perPeer : {false, true}) {
+      // Rank r sends rank p (p + 1) * (r + 1) elements per peer (per-peer form), or 3 (even form).
+      std::vector<size_t> sendcounts(n);
+      std::vector<float> send;
+      for (int p = 0; p < n; ++p) {
+        sendcounts[p] = perPeer ? size_t(p + 1) * size_t(rank + 1) : 3;
+        for (size_t i = 0; i < sendcounts[p]; ++i) send.push_back(float(1000 * rank + 10 * p) + float(i));
+      }
+      DeviceFloats input(send);
+      const shoal_tensor_t t = input.tensor(rank);
+      shoal_request_t request = nullptr;
+      const std::string name = perPeer ? "a2av" : "a2a";
+      ASSERT_TRUE(callOk(shoal_ialltoall(comm, name.c_str(), &t, perPeer ? sendcounts.data() : nullptr, &request),
+                         comm, name));
+      ASSERT_EQ(shoal_wait(request, 60), SHOAL_OK) << shoal_request_error(request);
+      const void* data = nullptr;
+      size_t count = 0;
+      std::vector<size_t> recvcounts(n);
+      ASSERT_TRUE(callOk(shoal_request_alltoall_result(request, &data, &count, recvcounts.data()), comm, "result"));
+      std::vector<float> expected;
+      for (int r = 0; r < n; ++r) {
+        const size_t from = perPeer ? size_t(rank + 1) * size_t(r + 1) : 3;
+        EXPECT_EQ(recvcounts[r], from) << name << " from " << r;
+        for (size_t i = 0; i < from; ++i) expected.push_back(float(1000 * r + 10 * rank) + float(i));
+      }
+      ASSERT_EQ(count, expected.size()) << name;
+      cudaPointerAttributes attributes{};
+      ASSERT_EQ(cudaPointerGetAttributes(&attributes, data), cudaSuccess) << name;
+      EXPECT_EQ(attributes.type, cudaMemoryTypeDevice) << name << ": the result is not device memory";
+      std::vector<float> got(count);
+      ASSERT_EQ(cudaMemcpy(got.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, expected) << name;
+      shoal_request_free(request);
+    }
+  });
+}
+
+}  // namespace
