@@ -82,7 +82,8 @@ void runCudaRequest(shoal_comm& comm, Request& r, Timeline* timeline) {
       options.compressor = r.meta.compressor.c_str();
       options.compressor_options = r.meta.options.c_str();  // resolved at submission: "" is none
       options.compress_min_bytes = r.meta.minBytes;
-      allreduceTensor(comm, sequence, r.input, r.output, r.meta.op, &options);
+      MemoryRoute route = routeOf("shoal_iallreduce", {&r.input, &r.output});
+      allreduceTensor(comm, sequence, r.input, r.output, r.meta.op, &options, route);
       phase = "CUDA_ALLREDUCE";
       break;
     }
