@@ -25,6 +25,7 @@
 #include "collectives/common/host_layout.h"
 #include "collectives/common/ring.h"
 #include "comm/communicator.h"
+#include "multiproc/hierarchical_util.h"
 #include "multiproc/split_job.h"
 #include "shoal/compressor.h"
 
@@ -32,20 +33,11 @@ namespace {
 
 using shoal::test::Outcome;
 using shoal::test::runJob;
-
-// Every rank's host id from a layout string ("aabb": ranks 0, 1 on host a),
-// with the hierarchical algorithm forced (the tensors here are small).
-std::function<std::map<std::string, std::string>(int)> hostsFrom(const std::string& layout) {
-  return [=](int rank) {
-    return std::map<std::string, std::string>{{"SHOAL_HOST_ID", std::string("host-") + layout[rank]},
-                                              {"SHOAL_ALGO", "hierarchical"}};
-  };
-}
-
-void expectAllOk(const std::vector<Outcome>& outcomes, size_t n) {
-  ASSERT_EQ(outcomes.size(), n);
-  for (size_t r = 0; r < n; ++r) EXPECT_EQ(outcomes[r].status, SHOAL_OK) << "rank " << r << ": " << outcomes[r].text;
-}
+using shoal::test::expectAllOk;
+using shoal::test::fakeHosts;
+using shoal::test::sameOnEveryRank;
+using shoal::test::savedState;
+using shoal::test::shardKeyOf;
 
 shoal_status_t allreduceWith(shoal_comm_t comm, const char* compressor, const char* options, const char* name,
                              shoal_tensor_t input, shoal_tensor_t output, shoal_op_t op, std::string& text) {
@@ -57,35 +49,6 @@ shoal_status_t allreduceWith(shoal_comm_t comm, const char* compressor, const ch
   shoal_status_t status = shoal_allreduce_tensor(comm, &input, &output, op, &o);
   if (status != SHOAL_OK) text = std::string(compressor) + ": " + shoal_last_error(comm);
   return status;
-}
-
-// SHOAL_OK when every rank holds the same bytes: a max-allreduce of {hash, ~hash}.
-shoal_status_t sameOnEveryRank(shoal_comm_t comm, const void* data, size_t bytes, const std::string& what,
-                               std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
-  uint64_t words[2] = {hash, ~hash};
-  if (shoal_status_t status = shoal_allreduce(comm, words, words, 2, SHOAL_U64, SHOAL_MAX))
-    return text = shoal_last_error(comm), status;
-  if (words[0] != ~words[1]) return text = what + ": the ranks' results differ", SHOAL_ERR_INTERNAL;
-  return SHOAL_OK;
-}
-
-// The state kept for this rank's shard of `name`: its bytes, or text on a failure.
-bool savedState(shoal_comm_t comm, const char* compressor, const char* options, const std::string& key,
-                std::vector<uint8_t>& bytes, std::string& text) {
-  size_t size = 0;
-  if (shoal_compressor_state_save(comm, compressor, options, key.c_str(), nullptr, &size) != SHOAL_OK)
-    return text = "no state under '" + key + "': " + shoal_last_error(comm), false;
-  bytes.resize(size);
-  if (shoal_compressor_state_save(comm, compressor, options, key.c_str(), bytes.data(), &size) != SHOAL_OK)
-    return text = "saving '" + key + "': " + shoal_last_error(comm), false;
-  return true;
-}
-
-std::string shardKeyOf(shoal_comm_t comm, const std::string& name) {
-  return name + "#host-shard" + std::to_string(comm->hosts->localRank) + "/" +
-         std::to_string(comm->hosts->local.size());
 }
 
 bool ranAcrossHosts(shoal_comm_t comm, const char* compressor, bool expected, const std::string& what,
@@ -170,7 +133,7 @@ TEST_P(HierarchicalTopk, SameEverywhereAndErrorFeedbackLosesNothing) {
   const int n = static_cast<int>(layout.size());
   auto outcomes = runJob(
       n, [&](int rank, shoal_comm_t comm, std::string& text) { return checkTopk(rank, n, comm, text); },
-      hostsFrom(layout));
+      fakeHosts(layout));
   expectAllOk(outcomes, n);
 }
 
@@ -276,7 +239,7 @@ TEST_P(HierarchicalPowerSgd, RowBlocksExactOnLowRankAndSameEverywhere) {
   const int n = static_cast<int>(layout.size());
   auto outcomes = runJob(
       n, [&](int rank, shoal_comm_t comm, std::string& text) { return checkPowerSgd(rank, n, comm, text); },
-      hostsFrom(layout));
+      fakeHosts(layout));
   expectAllOk(outcomes, n);
 }
 
@@ -301,7 +264,7 @@ void expectMismatch(const std::function<const char*(int rank)>& compressorOf) {
         if (seconds > 5) return text = "took " + std::to_string(seconds) + " s: " + text, SHOAL_ERR_INTERNAL;
         return status;
       },
-      hostsFrom("aabb"));
+      fakeHosts("aabb"));
   ASSERT_EQ(outcomes.size(), static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(outcomes[r].status, SHOAL_ERR_MISMATCH) << "rank " << r << ": " << outcomes[r].text;
