@@ -60,19 +60,21 @@ inline uint64_t nonzeroMask64(const float* x) {
 #endif
 }
 
+// Folds one member's value into the statistics.
+inline void addMemberStat(float v, LocalStats& s) {
+  if (!isFinite(v)) {
+    s.nonfinite = true;
+    return;
+  }
+  const FloatParts p = decompose(v);
+  s.any = true;
+  s.top = std::max(s.top, p.top);
+  s.lowest = std::min(s.lowest, p.lowest);
+}
+
 // Folds the members named by `mask` (bits of x[0..64)) into the statistics.
 inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
-  for (; mask; mask &= mask - 1) {
-    const float v = x[__builtin_ctzll(mask)];
-    if (!isFinite(v)) {
-      s.nonfinite = true;
-      continue;
-    }
-    const FloatParts p = decompose(v);
-    s.any = true;
-    s.top = std::max(s.top, p.top);
-    s.lowest = std::min(s.lowest, p.lowest);
-  }
+  for (; mask; mask &= mask - 1) addMemberStat(x[__builtin_ctzll(mask)], s);
 }
 
 // addMemberStats, and x[0..64)'s members named by mask written at out in index
@@ -82,14 +84,7 @@ inline float* addMembers(const float* x, uint64_t mask, LocalStats& s, float* ou
   for (; mask; mask &= mask - 1) {
     const float v = x[__builtin_ctzll(mask)];
     *out++ = v;
-    if (!isFinite(v)) {
-      s.nonfinite = true;
-      continue;
-    }
-    const FloatParts p = decompose(v);
-    s.any = true;
-    s.top = std::max(s.top, p.top);
-    s.lowest = std::min(s.lowest, p.lowest);
+    addMemberStat(v, s);
   }
   return out;
 }
