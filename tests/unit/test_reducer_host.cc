@@ -175,7 +175,7 @@ TEST(HostReducer, MatchesPerElementFunctionsBitForBitAtEveryCountAndOffset) {
           std::vector<uint8_t> inPlace = a;
           reducer.combine(inPlace.data() + at, b.data() + at, count);
           ASSERT_EQ(firstDifference(dtype, inPlace.data() + at, expected.data() + at, count), "") << what << ": in place";
-          ASSERT_EQ(std::memcmp(inPlace.data(), a.data(), at), 0) << what << ": wrote before the output";
+          if (at > 0) ASSERT_EQ(std::memcmp(inPlace.data(), a.data(), at), 0) << what << ": wrote before the output";
 
           if (op == SHOAL_AVG) {
             reducer.finish(inPlace.data() + at, count, 3);
