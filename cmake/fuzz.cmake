@@ -5,13 +5,11 @@
 # that triggered it (TSan also needs TSAN_OPTIONS=halt_on_error=1: it has no
 # recover switch of its own; scripts/test_sanitizers.sh sets it).
 #
-# SHOAL_FUZZ=ON (clang only): the library (shoal_objects) is also instrumented
-# for libFuzzer (-fsanitize=fuzzer-no-link, set in tests/fuzz/CMakeLists.txt)
-# and tests/fuzz builds one libFuzzer program per tests/fuzz/fuzz_<name>.cc,
-# registered with ctest under the label "fuzz" (SHOAL_FUZZ_SECONDS each;
-# scripts/test_fuzz.sh runs them). Only the library: the test programs,
-# shoalrun and the plugins are never fuzzed, and coverage hooks in them would
-# only slow the ASan tree's build and tests.
+# SHOAL_FUZZ=ON (clang only): the library is also instrumented for libFuzzer
+# (-fsanitize=fuzzer-no-link; tests/CMakeLists.txt takes it off the test
+# programs, which are never fuzzed) and tests/fuzz builds one libFuzzer program per
+# tests/fuzz/fuzz_<name>.cc, registered with ctest under the label "fuzz"
+# (SHOAL_FUZZ_SECONDS each; scripts/test_fuzz.sh runs them).
 option(SHOAL_FUZZ "Build the libFuzzer targets of tests/fuzz (needs clang)" OFF)
 set(SHOAL_FUZZ_SECONDS 40 CACHE STRING "How long ctest runs each fuzz target, in seconds")
 
@@ -34,4 +32,5 @@ if(SHOAL_FUZZ)
     message(FATAL_ERROR "SHOAL_FUZZ=ON needs clang (libFuzzer): configure with -DCMAKE_C_COMPILER=clang "
                         "-DCMAKE_CXX_COMPILER=clang++ (Debian packages clang and libclang-rt-dev)")
   endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)
 endif()
