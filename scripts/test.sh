@@ -22,33 +22,55 @@ stage() {
   echo "test.sh: $name took $(($(date +%s) - begin)) s"
 }
 
+# A sanitizer tree builds in the background while tests of another tree run,
+# at the lowest CPU priority (SCHED_IDLE where chrt can set it, else nice 19):
+# the compilers take only the cycles the tests leave idle (ranks waiting for
+# peers or for a deadline, process start-up), and a test thread that wakes gets
+# its core back at once, so the tests' deadlines see the machine they saw
+# before. One build at a time; its output is printed when it is waited for.
+idle=(nice -n 19)
+if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0 nice -n 19); fi
+background=""
+background_name=""
+background_log=""
+background_begin=0
+start_background() {
+  background_name=$1
+  background_log=$2
+  shift 2
+  background_begin=$(date +%s)
+  # setsid: a process group of its own, so that a failing stage can stop all of it.
+  setsid "${idle[@]}" "$@" >"$background_log" 2>&1 &
+  background=$!
+  echo "test.sh: $background_name started in the background (${idle[*]}; output in $background_log)"
+}
+wait_background() {
+  local status=0 waited
+  waited=$(date +%s)
+  wait "$background" || status=$?
+  background=""
+  cat "$background_log"
+  if [ "$status" -ne 0 ]; then
+    echo "test.sh: $background_name FAILED (exit $status); its output is above" >&2
+    exit "$status"
+  fi
+  echo "test.sh: $background_name took $(($(date +%s) - background_begin)) s in the background," \
+    "$(($(date +%s) - waited)) s of it waited for"
+}
+stop_background() {
+  if [ -n "$background" ]; then kill -- "-$background" 2>/dev/null || true; fi
+}
+trap stop_background EXIT
+
 stage setup bash scripts/setup.sh
 build=${SHOAL_BUILD_DIR:-build}
 sanitizers=${SHOAL_TEST_SANITIZERS:-1}
 stage "main configure" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_BUILD_TESTS=ON \
   -DSHOAL_BUILD_BENCH=ON
 stage "main build" cmake --build "$build" -j "$(nproc)"
-
-# The sanitizer and fuzz trees build in the background while the main tree's
-# tests run, at the lowest CPU priority (SCHED_IDLE where chrt can set it,
-# else nice 19): the compilers only take the cycles the tests leave idle (ranks
-# waiting for peers, deadlines, process start-up), and a test's thread that
-# wakes takes its core back at once, so the tests' deadlines see the machine
-# they saw before. The build's output is printed when it is waited for.
-background_build=""
-stop_background_build() {
-  if [ -n "$background_build" ]; then kill -- "-$background_build" 2>/dev/null || true; fi
-}
-trap stop_background_build EXIT
 if [ "$sanitizers" != 0 ]; then
-  idle=(nice -n 19)
-  if chrt --idle 0 true 2>/dev/null; then idle=(chrt --idle 0 nice -n 19); fi
-  sanitizer_build_log=$build/sanitizer-build.log
-  # setsid: its own process group, so that a failing stage can stop all of it.
-  setsid "${idle[@]}" bash scripts/test_sanitizers.sh build >"$sanitizer_build_log" 2>&1 &
-  background_build=$!
-  background_begin=$(date +%s)
-  echo "test.sh: sanitizer and fuzz trees building in the background (${idle[*]}; output in $sanitizer_build_log)"
+  start_background "ASan+UBSan build (tests and fuzz targets)" "$build/asan-build.log" \
+    bash scripts/test_sanitizers.sh asan --build-only
 fi
 
 # Each test has its own deadline; a hang fails the run instead of stalling it.
@@ -66,22 +88,15 @@ stage python bash scripts/test_python.sh "$build"
 
 # The CPU-only configuration (SHOAL_WITH_CUDA=OFF) is the clang ASan+UBSan one:
 # it proves the library builds and passes without CUDA and that no test makes
-# a sanitizer report; then TSan on the runtime label, then every fuzz target
-# for SHOAL_FUZZ_SECONDS (docs/reliability.md). SHOAL_TEST_SANITIZERS=0 skips
+# a sanitizer report; then every fuzz target for SHOAL_FUZZ_SECONDS, then TSan
+# on the runtime label (docs/reliability.md). SHOAL_TEST_SANITIZERS=0 skips
 # all three.
 if [ "$sanitizers" != 0 ]; then
-  build_status=0
-  wait_begin=$(date +%s)
-  wait "$background_build" || build_status=$?
-  background_build=""
-  cat "$sanitizer_build_log"
-  if [ "$build_status" -ne 0 ]; then
-    echo "test.sh: the sanitizer and fuzz builds FAILED (exit $build_status); output above" >&2
-    exit "$build_status"
-  fi
-  echo "test.sh: sanitizer and fuzz builds took $(($(date +%s) - background_begin)) s in the background," \
-    "$(($(date +%s) - wait_begin)) s of it after the main tree's tests"
-  stage "sanitizers (ASan+UBSan, TSan)" bash scripts/test_sanitizers.sh
+  wait_background
+  start_background "TSan build" "$build/tsan-build.log" bash scripts/test_sanitizers.sh tsan --build-only
+  stage "ASan+UBSan tests" bash scripts/test_sanitizers.sh asan
   stage fuzz bash scripts/test_fuzz.sh
+  wait_background
+  stage "TSan tests" bash scripts/test_sanitizers.sh tsan
 fi
 echo "test.sh: every stage passed in $(($(date +%s) - begin_all)) s"

@@ -7,10 +7,10 @@
 #   2. TSan, clang, CPU-only (build-tsan): only what the runtime label needs.
 # Every report fails the run: -fno-sanitize-recover=all (cmake/fuzz.cmake) and
 # halt_on_error below. Prints each step's wall time.
-# Usage: scripts/test_sanitizers.sh [asan|tsan|build]   (default: both)
-#   build: configures and builds both trees, the fuzz targets included, and runs
-#   nothing (scripts/test.sh runs it in the background while the main tree's
-#   tests run; the runs that follow find everything built).
+# Usage: scripts/test_sanitizers.sh [asan|tsan] [--build-only]   (default: both)
+#   --build-only configures and builds the tree (the ASan one with the fuzz
+#   targets) and runs nothing: scripts/test.sh builds each tree that way in the
+#   background while other tests run, and the run that follows finds it built.
 # The 100-step ResNet-50 soak (runtime.AsyncResNet50: 5 s in the main build,
 # about 170 s under ASan and 230 s under TSan) is left out of both: it runs the
 # negotiation, fusion and compressor code that the smaller runtime tests run
@@ -19,11 +19,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-which=${1:-all}
-case "$which" in
-  all | asan | tsan | build) ;;
-  *) echo "usage: scripts/test_sanitizers.sh [asan|tsan|build]" >&2; exit 2 ;;
-esac
+which=all
+build_only=false
+for argument in "$@"; do
+  case "$argument" in
+    asan | tsan) which=$argument ;;
+    --build-only) build_only=true ;;
+    *) echo "usage: scripts/test_sanitizers.sh [asan|tsan] [--build-only]" >&2; exit 2 ;;
+  esac
+done
 jobs=$(nproc)
 asan=${SHOAL_ASAN_DIR:-build-asan}
 tsan=${SHOAL_TSAN_DIR:-build-tsan}
@@ -52,7 +56,7 @@ check_reports() {
 }
 
 soak='^runtime\.AsyncResNet50\.'
-programs_of() {  # the test programs of the labels given (one per tests/<label>/*.cc)
+programs_of() {  # the programs of the labels given: one per tests/<label>/*.cc
   local label source
   for label in "$@"; do
     for source in "tests/$label"/*.cc; do basename "$source" .cc; done
@@ -72,12 +76,12 @@ if [ "$which" != tsan ]; then
   step "asan configure" cmake -S . -B "$asan" "${clang[@]}" -DSHOAL_SANITIZE=address,undefined -DSHOAL_FUZZ=ON
   # Only what the ASan run uses: the test programs of its labels, shoalrun (the README table
   # test) and what they depend on; the multiproc and aggregate programs run in the main build.
-  # The build step also makes the fuzz targets, in the same ninja run.
+  # --build-only makes the fuzz targets too, in the same ninja run (scripts/test_fuzz.sh runs them).
   asan_targets="shoalrun $(programs_of unit collectives compressors runtime)"
-  if [ "$which" = build ]; then asan_targets+=" $(programs_of fuzz)"; fi
+  if $build_only; then asan_targets+=" $(programs_of fuzz)"; fi
   # shellcheck disable=SC2086
   step "asan build" cmake --build "$asan" -j "$jobs" --target $asan_targets
-  if [ "$which" != build ]; then
+  if ! $build_only; then
     # install.* build consumers with the system compiler against the installed
     # library: meaningful in the main build (where they run), not here.
     step "asan tests" ctest --test-dir "$asan" --output-on-failure --timeout 900 -j "$jobs" \
@@ -90,7 +94,7 @@ if [ "$which" != asan ]; then
   step "tsan configure" cmake -S . -B "$tsan" "${clang[@]}" -DSHOAL_SANITIZE=thread
   # shellcheck disable=SC2046
   step "tsan build" cmake --build "$tsan" -j "$jobs" --target $(programs_of runtime)
-  if [ "$which" != build ]; then
+  if ! $build_only; then
     exclude=(-E "${SHOAL_TSAN_EXCLUDE:-$soak}")
     reports=$(reports_of "$tsan")
     TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$reports/report" \
