@@ -184,6 +184,40 @@ bool checkElements(const std::string& what, const DType& t, const uint8_t* got, 
   return false;
 }
 
+// The expected bits of a case whose result is the same on every rank
+// (allgather, broadcast), computed once by all ranks together, each rank a
+// slice, instead of by every rank: the same bits for an n-th of the hashing.
+// check() compares a result with them in one memcmp and, where it differs,
+// goes element by element (checkElements) to report the first difference.
+// Every rank calls fill() once per case, then check() any number of times.
+class SharedExpected {
+ public:
+  template <typename Case, typename Bytes>
+  SharedExpected(int n, const std::vector<Case>& cases, Bytes&& bytesOf) : n_(n), barrier_(n) {
+    size_t largest = 0;
+    for (const auto& [dtype, count] : cases) largest = std::max(largest, bytesOf(dtypeOf(dtype), count));
+    bits_.resize(largest);
+  }
+  template <typename Expected>
+  void fill(int rank, const DType& t, size_t count, Expected&& expected) {
+    barrier_.wait();  // every rank is done checking against the previous case
+    for (size_t i = count * rank / n_; i < count * (rank + 1) / n_; ++i)
+      storeBits(bits_.data(), i, t.bytes, expected(i));
+    barrier_.wait();  // every slice is written
+  }
+  template <typename Expected>
+  void check(const std::string& what, const DType& t, const uint8_t* got, size_t count, Expected&& expected) {
+    if (count == 0 || std::memcmp(got, bits_.data(), count * t.bytes) == 0) return;
+    if (checkElements(what, t, got, count, expected))
+      ADD_FAILURE() << what << ": the result differs from the shared expected bits, which differ from expected()";
+  }
+
+ private:
+  int n_;
+  RankBarrier barrier_;
+  std::vector<uint8_t> bits_;
+};
+
 
 std::string caseName(const char* collective, const DType& t, const char* op, size_t count, bool inPlace, int rank) {
   std::ostringstream out;
@@ -348,6 +382,7 @@ TEST_P(Collectives, Allgather) {
   for (size_t count : kSmallCounts)
     for (shoal_dtype_t dtype : {SHOAL_U8, SHOAL_F16, SHOAL_I32, SHOAL_F64}) cases.push_back({dtype, count});
   if (bigCounts()) cases.push_back({SHOAL_U8, kBig});
+  SharedExpected want(n, cases, [n](const DType& t, size_t count) { return count * n * t.bytes; });
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> send, recv;
     for (auto [dtype, count] : cases) {
@@ -357,11 +392,12 @@ TEST_P(Collectives, Allgather) {
       for (size_t i = 0; i < count; ++i) storeBits(send.data(), i, t.bytes, gatherBits(t, rank, i));
       const std::vector<uint8_t> input = send;
       auto expected = [&, count = count](size_t i) { return gatherBits(t, static_cast<int>(i / count), i % count); };
+      want.fill(rank, t, count * n, expected);
 
       std::string what = caseName("allgather", t, "-", count, false, rank);
       recv.assign(block * n, 0xa5);
       if (callOk(shoal_allgather(comm, send.data(), recv.data(), count, t.id), comm, what)) {
-        checkElements(what, t, recv.data(), count * n, expected);
+        want.check(what, t, recv.data(), count * n, expected);
         EXPECT_TRUE(send == input) << what << ": sendbuf was modified";
       }
 
@@ -369,7 +405,7 @@ TEST_P(Collectives, Allgather) {
       recv.assign(block * n, 0xa5);
       if (block > 0) std::memcpy(recv.data() + rank * block, input.data(), block);
       if (callOk(shoal_allgather(comm, recv.data() + rank * block, recv.data(), count, t.id), comm, what))
-        checkElements(what, t, recv.data(), count * n, expected);
+        want.check(what, t, recv.data(), count * n, expected);
     }
   });
 }
@@ -446,6 +482,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
   for (size_t count : kSmallCounts)
     for (shoal_dtype_t dtype : {SHOAL_U8, SHOAL_BF16, SHOAL_F32, SHOAL_I64}) cases.push_back({dtype, count});
   cases.push_back({SHOAL_F32, kBig});  // 4 MB: several pipelining segments of the chain
+  SharedExpected want(n, cases, [](const DType& t, size_t count) { return count * t.bytes; });
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> send, recv;
     for (int root = 0; root < n; ++root) {
@@ -453,6 +490,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
         const DType& t = dtypeOf(dtype);
         const uint64_t salt = hash3(static_cast<uint64_t>(root), count, static_cast<uint64_t>(dtype));
         auto expected = [&](size_t i) { return hash3(salt, 7, i) & t.mask(); };
+        want.fill(rank, t, count, expected);
         for (bool inPlace : {false, true}) {
           std::ostringstream what;
           what << "broadcast " << t.name << " count " << count << " root " << root
@@ -467,7 +505,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
           }
           std::vector<uint8_t> input = send;
           if (callOk(shoal_broadcast(comm, sendbuf, recv.data(), count, t.id, root), comm, what.str())) {
-            checkElements(what.str(), t, recv.data(), count, expected);
+            want.check(what.str(), t, recv.data(), count, expected);
             EXPECT_TRUE(send == input) << what.str() << ": sendbuf was modified";
           }
         }
