@@ -120,12 +120,14 @@ uint64_t inputBits(const DType& t, shoal_op_t op, int rank, size_t index, uint64
   return intInput(t, op, rank, index, h) & t.mask();
 }
 
-// The reduction of element `index` over ranks 0..n-1, as the dtype's bits.
-uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64_t salt) {
+// The reduction over ranks 0..n-1 of one element whose input on rank r is
+// inputOf(r), as the dtype's bits.
+template <typename InputOf>
+uint64_t reducedBits(const DType& t, shoal_op_t op, int n, InputOf&& inputOf) {
   if (t.isFloat) {
-    long double acc = decodeFloat(t, inputBits(t, op, 0, index, salt));
+    long double acc = decodeFloat(t, inputOf(0));
     for (int r = 1; r < n; ++r) {
-      long double x = decodeFloat(t, inputBits(t, op, r, index, salt));
+      long double x = decodeFloat(t, inputOf(r));
       switch (op) {
         case SHOAL_SUM: case SHOAL_AVG: acc += x; break;
         case SHOAL_PROD: acc *= x; break;
@@ -137,9 +139,9 @@ uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64
     if (op == SHOAL_AVG) acc /= n;
     return encodeFloat(t, roundToFormat(t, acc));
   }
-  uint64_t acc = inputBits(t, op, 0, index, salt);
+  uint64_t acc = inputOf(0);
   for (int r = 1; r < n; ++r) {
-    uint64_t x = inputBits(t, op, r, index, salt);
+    uint64_t x = inputOf(r);
     switch (op) {
       case SHOAL_SUM: case SHOAL_AVG: acc += x; break;  // uint64 wraps; truncation keeps it mod 2^bits
       case SHOAL_PROD: acc *= x; break;
@@ -162,6 +164,13 @@ uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64
     else acc = acc / static_cast<uint64_t>(n);
   }
   return acc & t.mask();
+}
+
+// The reduction of element `index` over ranks 0..n-1, as the dtype's bits, from
+// the input buffers the ranks passed (each filled with inputBits): every input
+// is computed once, by its rank.
+uint64_t expectedBits(const DType& t, shoal_op_t op, const std::vector<const uint8_t*>& inputs, size_t index) {
+  return reducedBits(t, op, static_cast<int>(inputs.size()), [&](int r) { return loadBits(inputs[r], index, t.bytes); });
 }
 
 // ---- checking -----------------------------------------------------------------
@@ -268,6 +277,7 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
   size_t largest = 0;
   for (const Case& c : cases) largest = std::max(largest, c.count);
   expected.resize(largest);
+  std::vector<const uint8_t*> inputs(n);  // each rank's input of the current case (expected values)
   const uint8_t* rank0Out = nullptr;
   const uint8_t* rank0In = nullptr;
 
@@ -278,10 +288,12 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
       const size_t bytes = c.count * t.bytes;
       const uint64_t salt = saltOf(t, c.op, c.count);
       barrier.wait();  // everyone is done with the previous case's shared values
-      for (size_t i = c.count * rank / n; i < c.count * (rank + 1) / n; ++i)
-        expected[i] = expectedBits(t, c.op, n, i, salt);
       input.resize(bytes);
       for (size_t i = 0; i < c.count; ++i) storeBits(input.data(), i, t.bytes, inputBits(t, c.op, rank, i, salt));
+      inputs[rank] = input.data();
+      barrier.wait();  // every rank's input is published
+      for (size_t i = c.count * rank / n; i < c.count * (rank + 1) / n; ++i)
+        expected[i] = expectedBits(t, c.op, inputs, i);
       send = input;
       recv.assign(bytes, 0xa5);
 
@@ -529,6 +541,8 @@ TEST_P(Collectives, ReduceScatter) {
     cases.push_back({&dtypeOf(SHOAL_U8), SHOAL_BXOR, recvcount});
     cases.push_back({&dtypeOf(SHOAL_I64), SHOAL_MIN, recvcount});
   }
+  RankBarrier barrier(n);
+  std::vector<const uint8_t*> inputs(n);  // each rank's input of the current case (expected values)
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> input, send, recv;
     std::vector<uint64_t> expected;
@@ -536,10 +550,13 @@ TEST_P(Collectives, ReduceScatter) {
       const DType& t = *c.t;
       const size_t total = c.recvcount * n, block = c.recvcount * t.bytes;
       const uint64_t salt = saltOf(t, c.op, c.recvcount) ^ 0x5c;
+      barrier.wait();  // everyone is done reading the previous case's inputs
       input.resize(total * t.bytes);
       for (size_t j = 0; j < total; ++j) storeBits(input.data(), j, t.bytes, inputBits(t, c.op, rank, j, salt));
+      inputs[rank] = input.data();
+      barrier.wait();  // every rank's input is published
       expected.resize(c.recvcount);
-      for (size_t i = 0; i < c.recvcount; ++i) expected[i] = expectedBits(t, c.op, n, rank * c.recvcount + i, salt);
+      for (size_t i = 0; i < c.recvcount; ++i) expected[i] = expectedBits(t, c.op, inputs, rank * c.recvcount + i);
       auto want = [&](size_t i) { return expected[i]; };
 
       std::string what = caseName("reduce_scatter", t, opName(c.op), c.recvcount, false, rank);
