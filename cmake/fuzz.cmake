@@ -6,7 +6,8 @@
 # recover switch of its own; scripts/test_sanitizers.sh sets it).
 #
 # SHOAL_FUZZ=ON (clang only): the library is also instrumented for libFuzzer
-# (-fsanitize=fuzzer-no-link) and tests/fuzz builds one libFuzzer program per
+# (-fsanitize=fuzzer-no-link; tests/CMakeLists.txt takes it off the test
+# programs, which are never fuzzed) and tests/fuzz builds one libFuzzer program per
 # tests/fuzz/fuzz_<name>.cc, registered with ctest under the label "fuzz"
 # (SHOAL_FUZZ_SECONDS each; scripts/test_fuzz.sh runs them).
 option(SHOAL_FUZZ "Build the libFuzzer targets of tests/fuzz (needs clang)" OFF)

@@ -33,9 +33,9 @@ if [ "${SHOAL_TEST_WHEEL:-0}" = 1 ]; then
   exit 0
 fi
 
-echo "== Python tests ($python, $SHOAL_LIBRARY) =="
+echo "== Python tests ($python, $SHOAL_LIBRARY; the 10 slowest are listed at the end) =="
 status=0
-(cd tests/python && timeout 900 "$python" -m pytest -q -p no:cacheprovider "${@:2}") || status=$?
+(cd tests/python && timeout 900 "$python" -m pytest -q -p no:cacheprovider --durations=10 "${@:2}") || status=$?
 # pytest exits 5 when it collected no tests: that is a failure too, not a pass.
 if [ "$status" -eq 5 ]; then echo "test_python.sh: pytest collected no tests" >&2; fi
 exit "$status"

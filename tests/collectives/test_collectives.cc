@@ -120,12 +120,14 @@ uint64_t inputBits(const DType& t, shoal_op_t op, int rank, size_t index, uint64
   return intInput(t, op, rank, index, h) & t.mask();
 }
 
-// The reduction of element `index` over ranks 0..n-1, as the dtype's bits.
-uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64_t salt) {
+// The reduction over ranks 0..n-1 of one element whose input on rank r is
+// inputOf(r), as the dtype's bits.
+template <typename InputOf>
+uint64_t reducedBits(const DType& t, shoal_op_t op, int n, InputOf&& inputOf) {
   if (t.isFloat) {
-    long double acc = decodeFloat(t, inputBits(t, op, 0, index, salt));
+    long double acc = decodeFloat(t, inputOf(0));
     for (int r = 1; r < n; ++r) {
-      long double x = decodeFloat(t, inputBits(t, op, r, index, salt));
+      long double x = decodeFloat(t, inputOf(r));
       switch (op) {
         case SHOAL_SUM: case SHOAL_AVG: acc += x; break;
         case SHOAL_PROD: acc *= x; break;
@@ -137,9 +139,9 @@ uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64
     if (op == SHOAL_AVG) acc /= n;
     return encodeFloat(t, roundToFormat(t, acc));
   }
-  uint64_t acc = inputBits(t, op, 0, index, salt);
+  uint64_t acc = inputOf(0);
   for (int r = 1; r < n; ++r) {
-    uint64_t x = inputBits(t, op, r, index, salt);
+    uint64_t x = inputOf(r);
     switch (op) {
       case SHOAL_SUM: case SHOAL_AVG: acc += x; break;  // uint64 wraps; truncation keeps it mod 2^bits
       case SHOAL_PROD: acc *= x; break;
@@ -164,6 +166,13 @@ uint64_t expectedBits(const DType& t, shoal_op_t op, int n, size_t index, uint64
   return acc & t.mask();
 }
 
+// The reduction of element `index` over ranks 0..n-1, as the dtype's bits, from
+// the input buffers the ranks passed (each filled with inputBits): every input
+// is computed once, by its rank.
+uint64_t expectedBits(const DType& t, shoal_op_t op, const std::vector<const uint8_t*>& inputs, size_t index) {
+  return reducedBits(t, op, static_cast<int>(inputs.size()), [&](int r) { return loadBits(inputs[r], index, t.bytes); });
+}
+
 // ---- checking -----------------------------------------------------------------
 
 // Compares element bits of `got` with expected(i); reports the first mismatch
@@ -183,6 +192,40 @@ bool checkElements(const std::string& what, const DType& t, const uint8_t* got, 
                 << ": got " << show(t, firstGot) << ", expected " << show(t, firstWant);
   return false;
 }
+
+// The expected bits of a case whose result is the same on every rank
+// (allgather, broadcast), computed once by all ranks together, each rank a
+// slice, instead of by every rank: the same bits for an n-th of the hashing.
+// check() compares a result with them in one memcmp and, where it differs,
+// goes element by element (checkElements) to report the first difference.
+// Every rank calls fill() once per case, then check() any number of times.
+class SharedExpected {
+ public:
+  template <typename Case, typename Bytes>
+  SharedExpected(int n, const std::vector<Case>& cases, Bytes&& bytesOf) : n_(n), barrier_(n) {
+    size_t largest = 0;
+    for (const auto& [dtype, count] : cases) largest = std::max(largest, bytesOf(dtypeOf(dtype), count));
+    bits_.resize(largest);
+  }
+  template <typename Expected>
+  void fill(int rank, const DType& t, size_t count, Expected&& expected) {
+    barrier_.wait();  // every rank is done checking against the previous case
+    for (size_t i = count * rank / n_; i < count * (rank + 1) / n_; ++i)
+      storeBits(bits_.data(), i, t.bytes, expected(i));
+    barrier_.wait();  // every slice is written
+  }
+  template <typename Expected>
+  void check(const std::string& what, const DType& t, const uint8_t* got, size_t count, Expected&& expected) {
+    if (count == 0 || std::memcmp(got, bits_.data(), count * t.bytes) == 0) return;
+    if (checkElements(what, t, got, count, expected))
+      ADD_FAILURE() << what << ": the result differs from the shared expected bits, which differ from expected()";
+  }
+
+ private:
+  int n_;
+  RankBarrier barrier_;
+  std::vector<uint8_t> bits_;
+};
 
 
 std::string caseName(const char* collective, const DType& t, const char* op, size_t count, bool inPlace, int rank) {
@@ -234,6 +277,7 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
   size_t largest = 0;
   for (const Case& c : cases) largest = std::max(largest, c.count);
   expected.resize(largest);
+  std::vector<const uint8_t*> inputs(n);  // each rank's input of the current case (expected values)
   const uint8_t* rank0Out = nullptr;
   const uint8_t* rank0In = nullptr;
 
@@ -244,10 +288,12 @@ TEST_P(CollectivesAllAlgorithms, Allreduce) {
       const size_t bytes = c.count * t.bytes;
       const uint64_t salt = saltOf(t, c.op, c.count);
       barrier.wait();  // everyone is done with the previous case's shared values
-      for (size_t i = c.count * rank / n; i < c.count * (rank + 1) / n; ++i)
-        expected[i] = expectedBits(t, c.op, n, i, salt);
       input.resize(bytes);
       for (size_t i = 0; i < c.count; ++i) storeBits(input.data(), i, t.bytes, inputBits(t, c.op, rank, i, salt));
+      inputs[rank] = input.data();
+      barrier.wait();  // every rank's input is published
+      for (size_t i = c.count * rank / n; i < c.count * (rank + 1) / n; ++i)
+        expected[i] = expectedBits(t, c.op, inputs, i);
       send = input;
       recv.assign(bytes, 0xa5);
 
@@ -348,6 +394,7 @@ TEST_P(Collectives, Allgather) {
   for (size_t count : kSmallCounts)
     for (shoal_dtype_t dtype : {SHOAL_U8, SHOAL_F16, SHOAL_I32, SHOAL_F64}) cases.push_back({dtype, count});
   if (bigCounts()) cases.push_back({SHOAL_U8, kBig});
+  SharedExpected want(n, cases, [n](const DType& t, size_t count) { return count * n * t.bytes; });
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> send, recv;
     for (auto [dtype, count] : cases) {
@@ -357,11 +404,12 @@ TEST_P(Collectives, Allgather) {
       for (size_t i = 0; i < count; ++i) storeBits(send.data(), i, t.bytes, gatherBits(t, rank, i));
       const std::vector<uint8_t> input = send;
       auto expected = [&, count = count](size_t i) { return gatherBits(t, static_cast<int>(i / count), i % count); };
+      want.fill(rank, t, count * n, expected);
 
       std::string what = caseName("allgather", t, "-", count, false, rank);
       recv.assign(block * n, 0xa5);
       if (callOk(shoal_allgather(comm, send.data(), recv.data(), count, t.id), comm, what)) {
-        checkElements(what, t, recv.data(), count * n, expected);
+        want.check(what, t, recv.data(), count * n, expected);
         EXPECT_TRUE(send == input) << what << ": sendbuf was modified";
       }
 
@@ -369,7 +417,7 @@ TEST_P(Collectives, Allgather) {
       recv.assign(block * n, 0xa5);
       if (block > 0) std::memcpy(recv.data() + rank * block, input.data(), block);
       if (callOk(shoal_allgather(comm, recv.data() + rank * block, recv.data(), count, t.id), comm, what))
-        checkElements(what, t, recv.data(), count * n, expected);
+        want.check(what, t, recv.data(), count * n, expected);
     }
   });
 }
@@ -446,6 +494,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
   for (size_t count : kSmallCounts)
     for (shoal_dtype_t dtype : {SHOAL_U8, SHOAL_BF16, SHOAL_F32, SHOAL_I64}) cases.push_back({dtype, count});
   cases.push_back({SHOAL_F32, kBig});  // 4 MB: several pipelining segments of the chain
+  SharedExpected want(n, cases, [](const DType& t, size_t count) { return count * t.bytes; });
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> send, recv;
     for (int root = 0; root < n; ++root) {
@@ -453,6 +502,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
         const DType& t = dtypeOf(dtype);
         const uint64_t salt = hash3(static_cast<uint64_t>(root), count, static_cast<uint64_t>(dtype));
         auto expected = [&](size_t i) { return hash3(salt, 7, i) & t.mask(); };
+        want.fill(rank, t, count, expected);
         for (bool inPlace : {false, true}) {
           std::ostringstream what;
           what << "broadcast " << t.name << " count " << count << " root " << root
@@ -467,7 +517,7 @@ TEST_P(CollectivesAllAlgorithms, Broadcast) {
           }
           std::vector<uint8_t> input = send;
           if (callOk(shoal_broadcast(comm, sendbuf, recv.data(), count, t.id, root), comm, what.str())) {
-            checkElements(what.str(), t, recv.data(), count, expected);
+            want.check(what.str(), t, recv.data(), count, expected);
             EXPECT_TRUE(send == input) << what.str() << ": sendbuf was modified";
           }
         }
@@ -491,6 +541,8 @@ TEST_P(Collectives, ReduceScatter) {
     cases.push_back({&dtypeOf(SHOAL_U8), SHOAL_BXOR, recvcount});
     cases.push_back({&dtypeOf(SHOAL_I64), SHOAL_MIN, recvcount});
   }
+  RankBarrier barrier(n);
+  std::vector<const uint8_t*> inputs(n);  // each rank's input of the current case (expected values)
   run([&](int rank, shoal_comm_t comm) {
     std::vector<uint8_t> input, send, recv;
     std::vector<uint64_t> expected;
@@ -498,10 +550,13 @@ TEST_P(Collectives, ReduceScatter) {
       const DType& t = *c.t;
       const size_t total = c.recvcount * n, block = c.recvcount * t.bytes;
       const uint64_t salt = saltOf(t, c.op, c.recvcount) ^ 0x5c;
+      barrier.wait();  // everyone is done reading the previous case's inputs
       input.resize(total * t.bytes);
       for (size_t j = 0; j < total; ++j) storeBits(input.data(), j, t.bytes, inputBits(t, c.op, rank, j, salt));
+      inputs[rank] = input.data();
+      barrier.wait();  // every rank's input is published
       expected.resize(c.recvcount);
-      for (size_t i = 0; i < c.recvcount; ++i) expected[i] = expectedBits(t, c.op, n, rank * c.recvcount + i, salt);
+      for (size_t i = 0; i < c.recvcount; ++i) expected[i] = expectedBits(t, c.op, inputs, rank * c.recvcount + i);
       auto want = [&](size_t i) { return expected[i]; };
 
       std::string what = caseName("reduce_scatter", t, opName(c.op), c.recvcount, false, rank);

@@ -306,9 +306,12 @@ class Conformance : public ::testing::TestWithParam<Param> {
 // What the ranks of one test share: pointers to each rank's buffers for the
 // current case, published before a barrier and read after it.
 struct Shared {
-  explicit Shared(int n) : barrier(n), out(n), eOld(n), eNew(n), ok(n, 1) {}
+  explicit Shared(int n) : barrier(n), out(n), eOld(n), eNew(n), inputs(n), ok(n, 1) {}
   RankBarrier barrier;
   std::vector<const uint8_t*> out, eOld, eNew;
+  // Each rank's input values as inputValue() gave them (the check sums them instead of
+  // computing every rank's inputs again: the same numbers, once).
+  std::vector<const long double*> inputs;
   std::vector<char> ok;
   bool allOk() const { return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; }); }
 };
@@ -367,6 +370,7 @@ TEST_P(Conformance, Allreduce) {
       n,
       [&](int rank, shoal_comm_t comm) {
         std::vector<uint8_t> in, out, inCopy, eOld, eNew, ePrev;
+        std::vector<long double> values;  // this rank's inputs (Shared::inputs)
         for (size_t caseIndex = 0; caseIndex < cases.size(); ++caseIndex) {
           const Case& c = cases[caseIndex];
           const DType& t = *c.t;
@@ -384,8 +388,11 @@ TEST_P(Conformance, Allreduce) {
             const std::string what = whatStream.str();
             const uint64_t salt = hash3(hashText(name + "|" + tensorName), static_cast<uint64_t>(step), 0xc0f);
             in.resize(bytes);
-            for (size_t i = 0; i < c.count; ++i)
-              storeBits(in.data(), i, t.bytes, bitsOf(t, inputValue(t, dyadic, salt, rank, i)));
+            values.resize(c.count);
+            for (size_t i = 0; i < c.count; ++i) {
+              values[i] = inputValue(t, dyadic, salt, rank, i);
+              storeBits(in.data(), i, t.bytes, bitsOf(t, values[i]));
+            }
             uint8_t* outData = in.data();
             if (!c.inPlace) {
               inCopy = in;
@@ -432,6 +439,7 @@ TEST_P(Conformance, Allreduce) {
             }
 
             shared.out[rank] = outData;
+            shared.inputs[rank] = values.data();
             shared.eOld[rank] = eOld.data();
             shared.eNew[rank] = eNew.data();
             shared.ok[rank] = ok;
@@ -452,7 +460,7 @@ TEST_P(Conformance, Allreduce) {
               const long double got = valueOf(t, gotBits);
               long double sum = 0, magnitude = 0;
               for (int r = 0; r < n; ++r) {
-                long double x = inputValue(t, dyadic, salt, r, i);
+                long double x = shared.inputs[r][i];
                 sum += x;
                 magnitude += std::fabs(x);
                 if (feedback) {
