@@ -305,10 +305,21 @@ def each(values, form="%.1f"):
     return ", ".join(form % v if v is not None else "—" for v in values)
 
 
+def grouped(items):
+    """[(repeat name, why)] as 'repeat-1, repeat-3: why; repeat-2: other', the same why once."""
+    order, names = [], {}
+    for name, why in items:
+        if why not in names:
+            order.append(why)
+            names[why] = []
+        names[why].append(name)
+    return ["%s: %s" % (", ".join(names[why]), why) for why in order]
+
+
 def runs_text(entries, names):
     """'3 of 3 ok', then each repeat that has no result and why."""
     good = sum(1 for e in entries if ok(e))
-    bad = ["%s %s" % (n, status(e)) for n, e in zip(names, entries) if not ok(e)]
+    bad = grouped([(n, status(e)) for n, e in zip(names, entries) if not ok(e)])
     return "; ".join(["%d of %d ok" % (good, len(entries))] + bad).replace("|", "/")
 
 
@@ -403,9 +414,9 @@ def pairs_text(ratios, names, table, name, peer):
     lacking = []
     for k, (r, a, b) in enumerate(zip(ratios, table[name], table[peer])):
         if r is None:
-            why = [("%s %s" % (n, status(e))) for n, e in ((name, a), (peer, b)) if not ok(e)]
-            lacking.append("%s: %s" % (names[k], "; ".join(why) or "no value"))
-    return "; ".join(["%d of %d" % (have, len(ratios))] + lacking).replace("|", "/")
+            why = ["%s %s" % (n, status(e)) for n, e in ((name, a), (peer, b)) if not ok(e)]
+            lacking.append((names[k], ", ".join(why) or "no value"))
+    return "; ".join(["%d of %d" % (have, len(ratios))] + grouped(lacking)).replace("|", "/")
 
 
 def repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, repeats):

@@ -97,7 +97,7 @@ def test_failed_and_missing_runs_are_listed(report, tmp_path):
     assert names == ["repeat-1", "repeat-2", "repeat-3"]
     assert [report.status(e) for e in table["shoal-none"]] == ["ok", "missing: did not run", "ok"]
     assert all(report.status(e).startswith("failed: what():  [enforce fail") for e in table["ddp-powersgd"])
-    assert report.runs_text(table["shoal-none"], names) == "2 of 3 ok; repeat-2 missing: did not run"
+    assert report.runs_text(table["shoal-none"], names) == "2 of 3 ok; repeat-2: missing: did not run"
     # A repeat that never started at all counts as one, missing for every configuration.
     names, table = report.load_repeats(os.path.join(out, "speed", "1gbit", "digits_mlp"), expected=3)
     assert names == ["repeat-1", "repeat-2", "repeat-3"]
@@ -118,10 +118,10 @@ def test_report_tables_and_targets(report, tmp_path, monkeypatch, capsys):
     assert "| 2.00× [2.00–2.50] |" in row                     # this / no-communication, paired
     assert row.endswith("| 3 of 3 ok |")
     failed_row = next(l for l in lines if l.startswith("| ddp-powersgd |"))
-    assert "0 of 3 ok; repeat-1 failed: what():" in failed_row and "| — |" in failed_row
+    assert "0 of 3 ok; repeat-1, repeat-2, repeat-3: failed: what():" in failed_row and "| — |" in failed_row
     # Against each peer: a peer that failed in every repeat gives no pair, and says why.
     peer_row = next(l for l in lines if l.startswith("| 1gbit | shoal-sketch | ddp-powersgd, per step |"))
-    assert "0 of 3; repeat-1: ddp-powersgd failed" in peer_row
+    assert "0 of 3; repeat-1, repeat-2, repeat-3: ddp-powersgd failed: what():" in peer_row
     none_row = next(l for l in lines if l.startswith("| 1gbit | shoal-none | ddp-none, per step |"))
     assert "2 of 3; repeat-2: shoal-none missing: did not run" in none_row
     # The goals are judged on the paired medians.
