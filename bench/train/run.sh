@@ -189,8 +189,8 @@ if ((speed)); then
     # speed_run JSON TASK ARGS: one configuration on the emulated cluster, its wire bytes beside it.
     speed_run() {
       local json=$1 task=$2 args=$3
-      # shellcheck disable=SC2086
       # The launcher's own limit ends the ranks first, so wire.sh still writes its counts.
+      # shellcheck disable=SC2086
       RUN_TIMEOUT=$((speed_timeout + 30)) run "$json" "$repo/bench/netns/wire.sh" --name "$cluster" "${json%.json}.wire" -- \
         "$repo/bench/netns/run.sh" --name "$cluster" --timeout-s "$speed_timeout" "${bind_prefix[@]}" "$PYTHON" \
         "$repo/examples/train/$task.py" $(task_args "$task") $args --epochs 1 --max-steps "$speed_steps"
