@@ -2,11 +2,16 @@
 """Tables (and, with gnuplot, plots) from bench/train/run.sh's results.
 
     bench/train/report.py OUT [--docs docs/training.md] [--command TEXT] [--hosts N]
+                           [--fidelity-from DIR] [--epochs-to-target SPEC]
 
 Reads OUT/fidelity/<task>/<config>-s<seed>.json and OUT/speed/<rate>/<task>/<config>.json
 (a run without its JSON failed: its .log says why), writes OUT/tables.md and, with --docs,
 puts the same text between the "bench/train" markers of that file. Only what was measured is
-reported; a goal whose runs are missing reads "not measured".
+reported; a goal whose runs are missing reads "not measured". With run.sh --repeats N the speed
+results are in OUT/speed/<rate>/<task>/repeat-<k>/: each configuration is reported by its
+median over the repeats and their range, each ratio paired within a repeat and then summarized
+the same way, and a goal is judged on the paired median; a run that failed or never ran is
+listed per repeat (see "run.sh --repeats N" below).
 """
 import argparse
 import glob
@@ -15,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 
 BEGIN, END = "<!-- bench/train: begin -->", "<!-- bench/train: end -->"
@@ -152,8 +158,14 @@ def speed_tables(out, summary, hosts):
     local = {os.path.basename(d): load(os.path.join(d, "*.log")).get("local")
              for d in glob.glob(os.path.join(out, "speed", "local", "*"))}
     rates = sorted((os.path.basename(d) for d in glob.glob(os.path.join(out, "speed", "*"))
-                    if os.path.basename(d) != "local"), key=rate_bits, reverse=True)
-    for task in sorted({os.path.basename(d) for r in rates for d in glob.glob(os.path.join(out, "speed", r, "*"))}):
+                    if os.path.isdir(d) and os.path.basename(d) != "local"), key=rate_bits, reverse=True)
+    for task in sorted({os.path.basename(d) for r in rates for d in glob.glob(os.path.join(out, "speed", r, "*"))
+                        if os.path.isdir(d)}):
+        if any(repeat_dirs(os.path.join(out, "speed", r, task)) for r in rates):  # run.sh --repeats N
+            more_text, more_targets = repeat_task_tables(out, task, rates, summary, hosts)
+            text += more_text
+            targets += more_targets
+            continue
         limit = local.get(task)
         limit_ms = limit["step_ms_median"] if limit and "failed" not in limit else None
         text.append("\n### %s: time per step (%d hosts, one rank each)\n" % (task, hosts))
@@ -195,6 +207,244 @@ def speed_tables(out, summary, hosts):
                     best = (name, ms, tta)
             targets += speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary)
     return text, targets
+
+
+# ---- run.sh --repeats N: the speed phase N times, configurations interleaved --------------------
+# Layout: OUT/speed/<rate>/<task>/repeat-<k>/<config>.{json,log,wire}, local.{json,log} (the same
+# step on one rank, run in the same repeat) and `planned` (the configurations repeat k meant to
+# run, one a line); OUT/speed/repeats (N). A configuration's step time is summarized by the median
+# over the repeats and their range; a ratio of two configurations is taken within each repeat
+# (both measured minutes apart on the same machine) and then summarized the same way, so a goal is
+# judged on the paired median. A run that failed or never ran is reported, per repeat, as such.
+
+REPEAT_PREFIX = "repeat-"
+DDP_PEERS = ("ddp-none", "ddp-fp16", "ddp-powersgd")
+
+
+def repeat_dirs(task_dir):
+    """The repeat folders of one task at one rate (repeat-1, repeat-2, ... in number order); [] for
+    the single-run layout."""
+    found = []
+    for d in glob.glob(os.path.join(task_dir, REPEAT_PREFIX + "*")):
+        number = os.path.basename(d)[len(REPEAT_PREFIX):]
+        if number.isdigit() and os.path.isdir(d):
+            found.append((int(number), d))
+    return [d for _, d in sorted(found)]
+
+
+def expected_repeats(out):
+    """N of run.sh --repeats N (OUT/speed/repeats), or 0 when it was not recorded."""
+    try:
+        return int(open(os.path.join(out, "speed", "repeats")).read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def load_repeats(task_dir, expected=0):
+    """(repeat names, {configuration: [one entry per repeat]}) for one task at one rate. An entry is
+    the run's result, {"failed": why} (its log without a result) or {"missing": why} (planned, or
+    run in another repeat, but neither log nor result here; or a whole repeat that never ran)."""
+    dirs = {int(os.path.basename(d)[len(REPEAT_PREFIX):]): d for d in repeat_dirs(task_dir)}
+    numbers = list(range(1, max([expected] + list(dirs)) + 1))
+    runs, configs = {}, set()
+    for k in numbers:
+        d = dirs.get(k)
+        runs[k] = load(os.path.join(d, "*.log")) if d else {}
+        configs.update(runs[k])
+        planned = os.path.join(d, "planned") if d else ""
+        if planned and os.path.exists(planned):
+            configs.update(line.strip() for line in open(planned) if line.strip())
+    table = {}
+    for name in sorted(configs, key=order_key):
+        table[name] = [runs[k].get(name, {"missing": ("did not run" if k in dirs else "repeat %d did not run" % k)})
+                       for k in numbers]
+    return [REPEAT_PREFIX + str(k) for k in numbers], table
+
+
+def ok(entry):
+    return "failed" not in entry and "missing" not in entry
+
+
+def step_ms(entry):
+    return entry["step_ms_median"] if ok(entry) else None
+
+
+def status(entry):
+    if ok(entry):
+        return "ok"
+    return ("failed: " + entry["failed"]) if "failed" in entry else ("missing: " + entry["missing"])
+
+
+def spread(values):
+    """{"median", "min", "max", "n", "of"} of the values that are not None (None: no value)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return {"median": statistics.median(present), "min": min(present), "max": max(present), "n": len(present),
+            "of": len(values)}
+
+
+def paired(numerators, denominators, factor=1.0):
+    """factor * a / b within each repeat; None where either run of the pair has no value."""
+    return [factor * a / b if a is not None and b else None for a, b in zip(numerators, denominators)]
+
+
+def show(s, form="%.1f", unit=""):
+    """'median [min–max]', with '(n of N)' when some repeats have no value; '—' for none."""
+    if s is None:
+        return "—"
+    text = (form + unit) % s["median"]
+    if s["n"] > 1:
+        text += " [%s–%s]" % (form % s["min"], form % s["max"])
+    if s["n"] < s["of"]:
+        text += " (%d of %d)" % (s["n"], s["of"])
+    return text
+
+
+def each(values, form="%.1f"):
+    return ", ".join(form % v if v is not None else "—" for v in values)
+
+
+def grouped(items):
+    """[(repeat name, why)] as 'repeat-1, repeat-3: why; repeat-2: other', the same why once."""
+    order, names = [], {}
+    for name, why in items:
+        if why not in names:
+            order.append(why)
+            names[why] = []
+        names[why].append(name)
+    return ["%s: %s" % (", ".join(names[why]), why) for why in order]
+
+
+def runs_text(entries, names):
+    """'3 of 3 ok', then each repeat that has no result and why."""
+    good = sum(1 for e in entries if ok(e))
+    bad = grouped([(n, status(e)) for n, e in zip(names, entries) if not ok(e)])
+    return "; ".join(["%d of %d ok" % (good, len(entries))] + bad).replace("|", "/")
+
+
+def tta_factor(summary, task, name, peer):
+    """(peer's epochs × steps per epoch) / (name's) from the fidelity summary: times the paired
+    step ratio peer / name it is the ratio of the two times to dense's accuracy. None without both."""
+    fid = summary.get(task, {})
+    a, b = fid.get(peer), fid.get(name)
+    if not a or not b or a.get("epochs_to_target") is None or b.get("epochs_to_target") is None:
+        return None
+    return (a["epochs_to_target"] * a["steps_per_epoch"]) / (b["epochs_to_target"] * b["steps_per_epoch"])
+
+
+def repeat_task_tables(out, task, rates, summary, hosts):
+    """The speed tables and targets of one task whose results are in the repeats layout."""
+    text, targets, expected = [], [], expected_repeats(out)
+    ratio_rows = []
+    for rate in rates:
+        task_dir = os.path.join(out, "speed", rate, task)
+        if not repeat_dirs(task_dir):
+            continue
+        names, table = load_repeats(task_dir, expected)
+        local = table.pop("local", [{"missing": "no local run"}] * len(names))
+        local_ms = [step_ms(e) for e in local]
+        ddp_ms = [step_ms(e) for e in table.get("ddp-none", [])] or [None] * len(names)
+        text.append("\n### %s: time per step at %s (%d hosts, one rank each; %d repeats, configurations "
+                    "interleaved)\n" % (task, rate, hosts, len(names)))
+        text.append("No communication (the same step on one rank, in every repeat): %s ms (each repeat: %s; %s).\n"
+                    % (show(spread(local_ms)), each(local_ms), runs_text(local, names)))
+        text.append("Medians over the repeats, [range]; ratios paired within each repeat, then their median "
+                    "[range].\n")
+        text.append("| configuration | step (ms) | each repeat (ms) | rank 0's CPU per step (ms) | DDP dense / this "
+                    "| this / no-communication | sent per step per host (MB) | runs |")
+        text.append("|---|---|---|---|---|---|---|---|")
+        for name, entries in table.items():
+            steps = [step_ms(e) for e in entries]
+            cpu = [e.get("cpu_ms_per_step") if ok(e) else None for e in entries]
+            sent = []
+            for k, e in zip(names, entries):
+                b = wire_bytes(os.path.join(task_dir, k, name + ".wire")) if ok(e) else None
+                sent.append(b / e["steps"] / 1e6 if b is not None else None)
+            text.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                name, show(spread(steps)), each(steps), show(spread(cpu)),
+                show(spread(paired(ddp_ms, steps)), "%.2f", "×"), show(spread(paired(steps, local_ms)), "%.2f", "×"),
+                show(spread(sent), "%.2f"), runs_text(entries, names)))
+        # Each shoal configuration against each DDP peer, per step, and against DDP dense to dense's accuracy.
+        shoal_names = [n for n in table if n.startswith("shoal")]
+        best_tta = best_limit = None
+        for name in shoal_names:
+            steps = [step_ms(e) for e in table[name]]
+            for peer in DDP_PEERS:
+                if peer not in table:
+                    continue
+                peer_steps = [step_ms(e) for e in table[peer]]
+                ratios = paired(peer_steps, steps)
+                ratio_rows.append((rate, name, "%s, per step" % peer, ratios, pairs_text(ratios, names, table, name,
+                                                                                         peer)))
+                factor = tta_factor(summary, task, name, peer)
+                if factor is None and peer == "ddp-none" and task != "embeddings":
+                    ratio_rows.append((rate, name, "ddp-none, time to dense's accuracy (derived)", None,
+                                       "not derived: no fidelity epochs for both (run.sh --fidelity, or "
+                                       "report.py --fidelity-from / --epochs-to-target)"))
+                if factor is not None:
+                    tta = paired(peer_steps, steps, factor)
+                    ratio_rows.append((rate, name, "%s, time to dense's accuracy (derived)" % peer, tta,
+                                       pairs_text(tta, names, table, name, peer)))
+                    s = spread(tta)
+                    if peer == "ddp-none" and s and (best_tta is None or s["median"] > best_tta[1]["median"]):
+                        best_tta = (name, s)
+            s = spread(paired(steps, local_ms))
+            if s and (best_limit is None or s["median"] < best_limit[1]["median"]):
+                best_limit = (name, s)
+        targets += repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, len(names))
+    if ratio_rows:
+        text.append("\n### %s: paired ratios against the DDP peers\n" % task)
+        text.append("Each ratio is the peer's step (or time to dense's accuracy) over the shoal configuration's, "
+                    "taken within each repeat; above 1: shoal is faster.\n")
+        text.append("| link | shoal configuration | against | each repeat | median [range] | pairs |")
+        text.append("|---|---|---|---|---|---|")
+        for rate, name, against, ratios, pairs in ratio_rows:
+            if ratios is None:
+                text.append("| %s | %s | %s | — | — | %s |" % (rate, name, against, pairs))
+            else:
+                text.append("| %s | %s | %s | %s | %s | %s |" % (rate, name, against, each(ratios, "%.2f"),
+                                                                 show(spread(ratios), "%.2f", "×"), pairs))
+    return text, targets
+
+
+def pairs_text(ratios, names, table, name, peer):
+    """'3 of 3', then for each repeat without a pair which of the two runs lacks a result."""
+    have = sum(1 for r in ratios if r is not None)
+    lacking = []
+    for k, (r, a, b) in enumerate(zip(ratios, table[name], table[peer])):
+        if r is None:
+            why = ["%s %s" % (n, status(e)) for n, e in ((name, a), (peer, b)) if not ok(e)]
+            lacking.append((names[k], ", ".join(why) or "no value"))
+    return "; ".join(["%d of %d" % (have, len(ratios))] + grouped(lacking)).replace("|", "/")
+
+
+def repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, repeats):
+    """The issue's speed goals, judged on paired medians over the repeats."""
+    rows = []
+    if task == "embeddings":
+        goal = "embeddings, %s: sketch ≥ 3.74× faster per step than DDP dense (paired median, %d repeats)" % (
+            rate, repeats)
+        s = spread(paired(ddp_ms, [step_ms(e) for e in table.get("shoal-sketch", [])]))
+        rows.append((goal, show(s, "%.2f", "×") if s else "not measured",
+                     ("yes" if s["median"] >= 3.74 else "no") if s else ""))
+    else:
+        goal = ("%s, %s: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner than DDP dense "
+                "(paired median, %d repeats)" % (task, rate, repeats))
+        if best_tta:
+            rows.append((goal, "%s: %s (derived)" % (best_tta[0], show(best_tta[1], "%.2f", "×")),
+                         "yes" if best_tta[1]["median"] >= 1.64 else "no"))
+        else:
+            rows.append((goal, "not derived (no fidelity epochs, or no pair)", ""))
+    if rate.lower() == "1gbit":
+        goal = "%s, 1gbit: best shoal step within 1.25× of no communication (paired median, %d repeats)" % (
+            task, repeats)
+        if best_limit:
+            rows.append((goal, "%s: %s" % (best_limit[0], show(best_limit[1], "%.2f", "×")),
+                         "yes" if best_limit[1]["median"] <= 1.25 else "no"))
+        else:
+            rows.append((goal, "not measured", ""))
+    return rows
 
 
 def speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary):
@@ -268,12 +518,49 @@ def plots(out, img_dir):
     return lines
 
 
+def add_epochs(summary, fidelity_from, spec):
+    """Adds epochs to dense's accuracy to the fidelity summary where OUT's own runs have none: from
+    another OUT's fidelity runs, then from SPEC ("task/config=epochs,..."; steps per epoch as the
+    task's other configurations have, since they share data and batch, else 1: the ratios only need
+    them equal; given by hand, they replace the runs'). Returns where they came from, or "" (nothing added)."""
+    sources = []
+    if fidelity_from:
+        _, other = fidelity_tables(fidelity_from)
+        added = 0
+        for task, configs in other.items():
+            for name, entry in configs.items():
+                if name not in summary.setdefault(task, {}):
+                    summary[task][name] = entry
+                    added += 1
+        if added:
+            sources.append("the fidelity runs in %s" % fidelity_from)
+    given = [item.strip() for item in spec.split(",") if item.strip()]
+    for item in given:
+        m = re.match(r"^([\w-]+)/([\w-]+)=([0-9.]+)$", item)
+        if not m:
+            raise SystemExit("report.py: --epochs-to-target takes task/config=epochs items, not %r" % item)
+        task, name, epochs = m.group(1), m.group(2), float(m.group(3))
+        configs = summary.setdefault(task, {})
+        known = [e["steps_per_epoch"] for e in configs.values() if e.get("steps_per_epoch")]
+        entry = configs.setdefault(name, {"steps_per_epoch": known[0] if known else 1.0, "mean": None})
+        entry["epochs_to_target"] = epochs
+    if given:
+        sources.append("--epochs-to-target %s" % spec)
+    return " and ".join(sources)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--docs", default=None)
     p.add_argument("--command", default="bench/train/run.sh")
     p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--fidelity-from", default=None, metavar="DIR",
+                   help="another run.sh OUT whose fidelity runs give the epochs to dense's accuracy (for the "
+                        "derived time to it) where OUT has none")
+    p.add_argument("--epochs-to-target", default="", metavar="SPEC",
+                   help="epochs to dense's accuracy given by hand, e.g. "
+                        "'digits_mlp/ddp-none=5.7,digits_mlp/shoal-powersgd=6.0' (docs/training.md's fidelity table)")
     args = p.parse_args()
 
     text = ["Produced by `%s` (bench/train/report.py)." % args.command]
@@ -282,6 +569,9 @@ def main():
         text.append("\nMachine and load during the runs:\n\n```\n%s```" % open(machine).read())
     fid, summary = fidelity_tables(args.out)
     text += fid
+    sources = add_epochs(summary, args.fidelity_from, args.epochs_to_target)
+    if sources:
+        text.append("\nTime to dense's accuracy (derived) takes the epochs to it from %s." % sources)
     speed, targets = speed_tables(args.out, summary, args.hosts)
     text += speed
     if targets:

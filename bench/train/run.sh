@@ -3,7 +3,8 @@
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
 #                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
-#                      [--build DIR] [--report-only] [--bind]
+#                      [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
+#                      [--fidelity-from DIR] [--epochs-to-target SPEC]
 #
 # With neither --fidelity nor --speed it runs both.
 #
@@ -24,6 +25,17 @@
 # (bench/train/bind.sh, as shoalrun --bind-to cores does on one host; bench/netns/run.sh leaves
 # the ranks unbound). A run that fails is recorded with its error. Needs root
 # and ip netns (bench/netns/cluster.sh); the cluster is removed on exit.
+#
+# --repeats N (speed): the whole speed phase N times at each rate, the configurations of one repeat
+# run one after another (A B C ... A B C ...), each repeat with its own no-communication step;
+# results in OUT/speed/<rate>/<task>/repeat-<k>/. report.py gives each configuration's median
+# step over the repeats and its range, and every ratio (a shoal configuration against each DDP
+# peer per step and to dense's accuracy, against the no-communication step) paired within a repeat,
+# then its median and range: a goal is judged on the paired median. Single runs on this VM move by
+# 20-50 %. --speed-timeout S (default 120) ends a speed launch that hangs (DDP's powerSGD_hook on
+# gloo does) after S seconds; it is recorded as failed. --fidelity-from DIR (another run's OUT) or
+# --epochs-to-target 'task/config=epochs,...' give the epochs to dense's accuracy that the derived
+# time to it needs when this run has no fidelity part (report.py).
 #
 # Results: OUT/fidelity/<task>/<config>-s<seed>.{json,log}, OUT/speed/<rate>/<task>/<config>.
 # {json,log}, OUT/machine.txt (cores, load before and after each phase); then report.py writes
@@ -54,7 +66,10 @@ cluster=shoaltrain
 only=""
 report_only=0
 bind=0
-: "${RUN_TIMEOUT:=900}"   # seconds per launch
+repeats=1
+speed_timeout=120
+report_args=()
+: "${RUN_TIMEOUT:=900}"   # seconds per launch (fidelity; the speed runs: --speed-timeout)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 command_line="bench/train/run.sh $*"
@@ -70,6 +85,10 @@ while (($#)); do
     --only) only=",$2,"; shift 2 ;;
     --report-only) report_only=1; shift ;;
     --bind) bind=1; shift ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --speed-timeout) speed_timeout=$2; shift 2 ;;
+    --fidelity-from) report_args+=(--fidelity-from "$2"); shift 2 ;;
+    --epochs-to-target) report_args+=(--epochs-to-target "$2"); shift 2 ;;
     --quick) quick=1; shift ;;
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
@@ -80,6 +99,8 @@ while (($#)); do
 done
 ((fidelity || speed || report_only)) || { fidelity=1; speed=1; }
 ((report_only)) && { fidelity=0; speed=0; }
+[[ $repeats =~ ^[1-9][0-9]*$ ]] ||
+  { echo "run.sh: --repeats takes a positive whole number, not '$repeats'" >&2; exit 2; }
 epochs_arg=()
 if ((quick)); then
   seeds=1 speed_steps=5 rates=1gbit epochs_arg=(--epochs 2)
@@ -165,28 +186,56 @@ if ((speed)); then
     ((bind)) && bind_prefix=("$here/bind.sh")
     speed_tasks=""
     for task in $tasks; do [[ $task == pufferfish_cnn ]] || speed_tasks+=" $task"; done
-    for task in $speed_tasks; do   # the limit: the same step on one rank, no communication
-      mkdir -p "$out/speed/local/$task"
+    # speed_run JSON TASK ARGS: one configuration on the emulated cluster, its wire bytes beside it.
+    speed_run() {
+      local json=$1 task=$2 args=$3
+      # The launcher's own limit ends the ranks first, so wire.sh still writes its counts.
       # shellcheck disable=SC2086
-      run "$out/speed/local/$task/local.json" "$PYTHON" "$repo/examples/train/$task.py" $(task_args "$task") \
+      RUN_TIMEOUT=$((speed_timeout + 30)) run "$json" "$repo/bench/netns/wire.sh" --name "$cluster" "${json%.json}.wire" -- \
+        "$repo/bench/netns/run.sh" --name "$cluster" --timeout-s "$speed_timeout" "${bind_prefix[@]}" "$PYTHON" \
+        "$repo/examples/train/$task.py" $(task_args "$task") $args --epochs 1 --max-steps "$speed_steps"
+    }
+    # local_run JSON TASK: the limit, the same step on one rank without communication.
+    local_run() {
+      # shellcheck disable=SC2086
+      RUN_TIMEOUT=$speed_timeout run "$1" "$PYTHON" "$repo/examples/train/$2.py" $(task_args "$2") \
         --backend local --epochs 1 --max-steps "$speed_steps"
-    done
+    }
+    if ((repeats == 1)); then  # the single-run layout: speed/local/<task>/, speed/<rate>/<task>/
+      for task in $speed_tasks; do
+        mkdir -p "$out/speed/local/$task"
+        local_run "$out/speed/local/$task/local.json" "$task"
+      done
+    else
+      mkdir -p "$out/speed" && echo "$repeats" > "$out/speed/repeats"
+    fi
     for rate in $rates; do
       "$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1
       "$repo/bench/netns/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" > "$out/cluster-$rate.log" 2>&1 ||
         { echo "run.sh: cluster.sh up failed: $(tail -1 "$out/cluster-$rate.log")" >&2; continue; }
-      for task in $speed_tasks; do
-        mkdir -p "$out/speed/$rate/$task"
-        while IFS=: read -r name args; do
-          [[ -z $only || $only == *",$name,"* ]] || continue
-          echo "speed $rate $task $name" >&2
-          # shellcheck disable=SC2086
-          run "$out/speed/$rate/$task/$name.json" "$repo/bench/netns/wire.sh" --name "$cluster" \
-            "$out/speed/$rate/$task/$name.wire" -- "$repo/bench/netns/run.sh" --name "$cluster" \
-            --timeout-s "$RUN_TIMEOUT" "${bind_prefix[@]}" "$PYTHON" "$repo/examples/train/$task.py" \
-            $(task_args "$task") $args \
-            --epochs 1 --max-steps "$speed_steps"
-        done < <(configs_speed)
+      # With --repeats N, repeat k runs every task's no-communication step and every configuration
+      # once, in order, before repeat k+1 starts (A B C ... A B C ...): slow and fast spells of the
+      # shared machine fall on every configuration alike, and report.py pairs within a repeat.
+      for ((k = 1; k <= repeats; k++)); do
+        for task in $speed_tasks; do
+          dir="$out/speed/$rate/$task"
+          ((repeats > 1)) && dir+="/repeat-$k"
+          mkdir -p "$dir"
+          if ((repeats > 1)); then
+            configs_speed | cut -d: -f1 | while read -r name; do
+              [[ -z $only || $only == *",$name,"* ]] && echo "$name"
+            done > "$dir/planned"
+            echo local >> "$dir/planned"
+            echo "speed $rate repeat $k/$repeats $task local" >&2
+            local_run "$dir/local.json" "$task"
+          fi
+          while IFS=: read -r name args; do
+            [[ -z $only || $only == *",$name,"* ]] || continue
+            echo "speed $rate$( ((repeats > 1)) && echo " repeat $k/$repeats") $task $name" >&2
+            speed_run "$dir/$name.json" "$task" "$args"
+          done < <(configs_speed)
+        done
+        ((repeats > 1)) && machine "speed $rate repeat $k end"
       done
       "$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1
       machine "speed $rate end"
@@ -196,4 +245,4 @@ fi
 
 docs_arg=()
 ((docs)) && docs_arg=(--docs "$repo/docs/training.md")
-"$PYTHON" "$here/report.py" "$out" --command "$command_line" --hosts "$hosts" "${docs_arg[@]}"
+"$PYTHON" "$here/report.py" "$out" --command "$command_line" --hosts "$hosts" "${docs_arg[@]}" "${report_args[@]}"

@@ -54,6 +54,10 @@ def parser(description, epochs, batch_size, lr):
     p.add_argument("--ddp-port", type=int, default=0, help="backend ddp: rendezvous port (0: SHOAL_STORE's + 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--json", default=None, help="rank 0 writes the run's results here")
+    p.add_argument("--compressions", default=None,
+                   help="backend shoal: a comma list of compressors trained one after another in this one launch, "
+                        "each from the same seed and data as a run of its own (--json FILE: each run's results "
+                        "in FILE with {compression} replaced by its name)")
     return p
 
 
@@ -212,6 +216,33 @@ def parameter_digest(model):
 def setup(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+
+
+def each_compression(args, dist, train):
+    """Calls train() once per compressor: --compression, or each of --compressions in turn (one
+    launch for several compressors; the smoke test runs every compressor of an example so). Each
+    run gets args.compression and args.json set for it and starts from torch's seed, so its model
+    starts as a run of its own would (the examples draw nothing else from the global generator)."""
+    if not args.compressions:
+        train()
+        return
+    names = [c.strip() for c in args.compressions.split(",") if c.strip()]
+    unknown = [c for c in names if c not in COMPRESSIONS]
+    if unknown or not names:
+        raise SystemExit("--compressions takes a comma list of %s, not %r"
+                         % ("|".join(COMPRESSIONS), args.compressions))
+    if args.backend != "shoal":
+        raise SystemExit("--compressions needs --backend shoal")
+    pattern = args.json
+    for name in names:
+        args.compression = name
+        if pattern:
+            args.json = pattern.replace("{compression}", name) if "{compression}" in pattern else \
+                "%s.%s.json" % (os.path.splitext(pattern)[0], name)
+        if dist.rank == 0:
+            print("run compression=%s" % name, flush=True)
+        torch.manual_seed(args.seed)
+        train()
 
 
 def shard(n, epoch, seed, rank, size, batch, max_steps):

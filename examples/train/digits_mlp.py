@@ -19,11 +19,7 @@ def mlp():
     return nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 
-def main():
-    args = common.parser(__doc__.splitlines()[0], epochs=10, batch_size=32, lr=0.05).parse_args()
-    common.setup(args)
-    dist = common.Dist(args)
-    x_train, y_train, x_test, y_test = common.digits(args.train_subset)
+def train(args, dist, x_train, y_train, x_test, y_test):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, optimizer = dist.wrap(model, optimizer)
@@ -44,6 +40,14 @@ def main():
         record.epoch(epoch, losses, {"accuracy": common.classify(model, x_test, y_test)})
 
     record.finish(model, record.epochs[-1]["accuracy"])
+
+
+def main():
+    args = common.parser(__doc__.splitlines()[0], epochs=10, batch_size=32, lr=0.05).parse_args()
+    common.setup(args)
+    dist = common.Dist(args)
+    data = common.digits(args.train_subset)
+    common.each_compression(args, dist, lambda: train(args, dist, *data))
     dist.finish()
 
 

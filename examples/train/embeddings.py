@@ -77,23 +77,7 @@ def evaluate(model, test_users, test_items, test_negatives):
             "auc": float(1.0 - above.double().mean() / 99.0)}
 
 
-def main():
-    p = common.parser(__doc__.splitlines()[0], epochs=3, batch_size=256, lr=0.005)
-    p.add_argument("--users", type=int, default=100000)
-    p.add_argument("--items", type=int, default=20000)
-    p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--interactions", type=int, default=200000, help="training positives")
-    p.add_argument("--test", type=int, default=1000, help="held-out positives")
-    p.add_argument("--hidden-rank", type=int, default=8)
-    p.add_argument("--candidates", type=int, default=64)
-    p.add_argument("--zipf", type=float, default=1.1, help="exponent of the user ids' Zipf law")
-    p.add_argument("--data-seed", type=int, default=1)
-    args = p.parse_args()
-    common.setup(args)
-    dist = common.Dist(args)
-    train_users, train_items, test_users, test_items, test_negatives = generate(args)
-    if args.train_subset:
-        train_users, train_items = train_users[:args.train_subset], train_items[:args.train_subset]
+def train(args, dist, train_users, train_items, test_users, test_items, test_negatives):
     torch.manual_seed(args.seed)
     model = NCF(args.users, args.items, args.dim)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -128,6 +112,27 @@ def main():
     record.extra = {"auc": final["auc"], "user_rows_touched_per_rank": sum(touched) / len(touched),
                     "parameters": sum(p.numel() for p in model.parameters())}
     record.finish(model, final["hit_rate"])
+
+
+def main():
+    p = common.parser(__doc__.splitlines()[0], epochs=3, batch_size=256, lr=0.005)
+    p.add_argument("--users", type=int, default=100000)
+    p.add_argument("--items", type=int, default=20000)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--interactions", type=int, default=200000, help="training positives")
+    p.add_argument("--test", type=int, default=1000, help="held-out positives")
+    p.add_argument("--hidden-rank", type=int, default=8)
+    p.add_argument("--candidates", type=int, default=64)
+    p.add_argument("--zipf", type=float, default=1.1, help="exponent of the user ids' Zipf law")
+    p.add_argument("--data-seed", type=int, default=1)
+    args = p.parse_args()
+    common.setup(args)
+    dist = common.Dist(args)
+    train_users, train_items, test_users, test_items, test_negatives = generate(args)
+    if args.train_subset:
+        train_users, train_items = train_users[:args.train_subset], train_items[:args.train_subset]
+    common.each_compression(args, dist, lambda: train(args, dist, train_users, train_items, test_users, test_items,
+                                                      test_negatives))
     dist.finish()
 
 

@@ -55,30 +55,7 @@ def parameters(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def main():
-    p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=16, lr=0.05)
-    p.add_argument("--warmup-frac", type=float, default=0.25,
-                   help="fraction of the epochs trained full rank before factorizing (1: never factorize)")
-    p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
-    p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
-                   help="compressor after the factorization (default: --compression)")
-    p.add_argument("--after-lr", type=float, default=None,
-                   help="learning rate after the factorization (default: --lr / 10: a factor pair's "
-                        "product moves faster than the weight it replaces, and the full rate diverged)")
-    p.add_argument("--fused", action="store_true",
-                   help="after the factorization, every gradient in one uncompressed allreduce "
-                        "(shoal.torch.pufferfish.allreduce_gradients, as Pufferfish does) instead of "
-                        "DistributedOptimizer's per-parameter requests")
-    args = p.parse_args()
-    common.setup(args)
-    dist = common.Dist(args)
-    x_train, y_train, x_test, y_test = common.digits(args.train_subset)
-    x_train, x_test = x_train.view(-1, 1, 8, 8), x_test.view(-1, 1, 8, 8)
-    warmup = args.epochs if args.warmup_frac >= 1 else max(1, math.ceil(args.warmup_frac * args.epochs))
-    if args.backend == "ddp" and warmup < args.epochs:
-        raise SystemExit("pufferfish_cnn.py: backend ddp trains full rank only (--warmup-frac 1): the "
-                         "factorization runs through shoal")
-
+def train(args, dist, x_train, y_train, x_test, y_test, warmup):
     base = cnn()
     optimizer = torch.optim.SGD(base.parameters(), lr=args.lr, momentum=0.9)
     model, optimizer = dist.wrap(base, optimizer)
@@ -126,6 +103,33 @@ def main():
         record.epoch(epoch, losses, {"accuracy": common.classify(model, x_test, y_test)})
 
     record.finish(base, record.epochs[-1]["accuracy"])
+
+
+def main():
+    p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=16, lr=0.05)
+    p.add_argument("--warmup-frac", type=float, default=0.25,
+                   help="fraction of the epochs trained full rank before factorizing (1: never factorize)")
+    p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
+    p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
+                   help="compressor after the factorization (default: --compression)")
+    p.add_argument("--after-lr", type=float, default=None,
+                   help="learning rate after the factorization (default: --lr / 10: a factor pair's "
+                        "product moves faster than the weight it replaces, and the full rate diverged)")
+    p.add_argument("--fused", action="store_true",
+                   help="after the factorization, every gradient in one uncompressed allreduce "
+                        "(shoal.torch.pufferfish.allreduce_gradients, as Pufferfish does) instead of "
+                        "DistributedOptimizer's per-parameter requests")
+    args = p.parse_args()
+    common.setup(args)
+    dist = common.Dist(args)
+    x_train, y_train, x_test, y_test = common.digits(args.train_subset)
+    x_train, x_test = x_train.view(-1, 1, 8, 8), x_test.view(-1, 1, 8, 8)
+    warmup = args.epochs if args.warmup_frac >= 1 else max(1, math.ceil(args.warmup_frac * args.epochs))
+    if args.backend == "ddp" and warmup < args.epochs:
+        raise SystemExit("pufferfish_cnn.py: backend ddp trains full rank only (--warmup-frac 1): the "
+                         "factorization runs through shoal")
+
+    common.each_compression(args, dist, lambda: train(args, dist, x_train, y_train, x_test, y_test, warmup))
     dist.finish()
 
 

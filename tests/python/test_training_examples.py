@@ -1,7 +1,9 @@
 """Smoke test of the training examples (examples/train/): every example with every compressor,
-2 ranks under shoalrun, 2 short epochs. Each run must make the training loss fall and reach an
-accuracy floor well above chance; with the sketch (lossless) every rank must end with
-bit-identical parameters. The full runs are benchmarks (bench/train/run.sh), not tests.
+2 ranks under shoalrun, 2 short epochs; one launch per example trains it with each compressor in
+turn (--compressions), each run from the same seed and data as a launch of its own. Each run
+must make the training loss fall and reach an accuracy floor well above chance; with the sketch
+(lossless) every rank must end with bit-identical parameters. The full runs are benchmarks
+(bench/train/run.sh), not tests.
 
 Needs SHOAL_LIBRARY (the libshoal.so under test; shoalrun is taken from the same build tree),
 as scripts/test_python.sh sets it. Skips only when torch is absent.
@@ -44,9 +46,9 @@ def _shoalrun():
     return path
 
 
-def train(script, args, tmp_path, timeout_s=150):
+def train(script, args, tmp_path, timeout_s=150, result_name="result.json"):
     """Runs an example on 2 ranks; returns (exit status, output, rank 0's JSON results or None)."""
-    result = tmp_path / "result.json"
+    result = tmp_path / result_name
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "bindings", "python"),
@@ -71,13 +73,45 @@ def check_training(out, data, metric, floor):
     assert last == "[0] accuracy=%.6f" % data[metric], out
 
 
+_launches = {}
+
+
+def every_compression(example, tmp_path_factory):
+    """One launch of an example on 2 ranks that trains it with every compressor in turn
+    (--compressions: each run from the same seed and data as a launch of its own would be; starting
+    torch in two processes is most of a short run's time). Returns (exit status, output, {compression:
+    rank 0's JSON results or None}), the same for every test of the example."""
+    if example not in _launches:
+        script, args, _, _ = RUNS[example]
+        tmp = tmp_path_factory.mktemp(example)
+        rc, out, _ = train(script, args + ["--compressions", ",".join(COMPRESSIONS), "--seed", "1"], tmp,
+                           timeout_s=150 * len(COMPRESSIONS), result_name="{compression}.json")
+        results = {}
+        for c in COMPRESSIONS:
+            path = tmp / ("%s.json" % c)
+            results[c] = json.loads(path.read_text()) if path.exists() else None
+        _launches[example] = (rc, out, results)
+    return _launches[example]
+
+
+def run_output(out, compression):
+    """The part of a --compressions launch's output that belongs to one compressor's run."""
+    sections = out.split("[0] run compression=")
+    for section in sections[1:]:
+        if section.split("\n", 1)[0].strip() == compression:
+            return "[0] run compression=" + section
+    return out
+
+
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 @pytest.mark.parametrize("example", sorted(RUNS))
-def test_example_trains(example, compression, tmp_path):
+def test_example_trains(example, compression, tmp_path_factory):
     pytest.importorskip("torch")
-    script, args, metric, floor = RUNS[example]
-    rc, out, data = train(script, args + ["--compression", compression, "--seed", "1"], tmp_path)
-    assert rc == 0, out
+    _, _, metric, floor = RUNS[example]
+    rc, whole, results = every_compression(example, tmp_path_factory)
+    out, data = run_output(whole, compression), results[compression]
+    assert data is not None, "no result from the %s run:\n%s" % (compression, whole)
+    assert rc == 0, whole
     check_training(out, data, metric, floor)
     assert data["config"].startswith("shoal " + compression), out
     if compression == "sketch":

@@ -1,0 +1,156 @@
+"""bench/train/report.py's aggregation of repeated speed runs (run.sh --repeats N), on synthetic
+results: medians and ranges over the repeats, ratios paired within a repeat, and runs that failed or
+never ran reported as such instead of dropped. Also that the single-run layout still gives its old
+table. Pure Python (no torch, no libshoal): milliseconds.
+"""
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("train_report", os.path.join(ROOT, "bench", "train", "report.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def result(directory, name, step_ms, cpu_ms=10.0, steps=20):
+    """A run that finished: its log and rank 0's JSON, as examples/train/common.py writes them."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name + ".log"), "w") as f:
+        f.write("# launcher\nstep_ms_median=%.3f\n# exit status 0\n" % step_ms)
+    with open(os.path.join(directory, name + ".json"), "w") as f:
+        json.dump({"step_ms_median": step_ms, "step_ms_mean": step_ms + 1.0, "steps": steps,
+                   "cpu_ms_per_step": cpu_ms}, f)
+
+
+def failed(directory, name, line):
+    """A run that ended without a result: its log only."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name + ".log"), "w") as f:
+        f.write("# launcher\n%s\n# exit status 134\n" % line)
+
+
+def planned(directory, names):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "planned"), "w") as f:
+        f.write("\n".join(names) + "\n")
+
+
+def repeated_results(out):
+    """3 repeats planned at 1gbit; the third never started for digits_mlp (only repeat-1 and -2 exist)."""
+    os.makedirs(os.path.join(out, "speed"))
+    with open(os.path.join(out, "speed", "repeats"), "w") as f:
+        f.write("3\n")
+    emb = os.path.join(out, "speed", "1gbit", "embeddings")
+    sketch = [40.0, 50.0, 45.0]
+    ddp = [160.0, 150.0, 200.0]   # paired: 4.00, 3.00, 4.44 (median 4.00); medians' ratio 160/45 = 3.56
+    local = [20.0, 25.0, 18.0]
+    for k in range(3):
+        d = os.path.join(emb, "repeat-%d" % (k + 1))
+        planned(d, ["shoal-none", "shoal-sketch", "ddp-none", "ddp-powersgd", "local"])
+        result(d, "local", local[k])
+        result(d, "shoal-sketch", sketch[k])
+        result(d, "ddp-none", ddp[k])
+        failed(d, "ddp-powersgd", "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+                                  "  what():  [enforce fail at pair.cc:510] op.preamble.length <= op.nbytes")
+        if k != 1:  # shoal-none: planned in repeat 2 but neither log nor result there
+            result(d, "shoal-none", 150.0 + k)
+    digits = os.path.join(out, "speed", "1gbit", "digits_mlp")
+    for k, (psgd, dense) in enumerate([(20.0, 50.0), (25.0, 45.0)]):
+        d = os.path.join(digits, "repeat-%d" % (k + 1))
+        planned(d, ["shoal-powersgd", "ddp-none", "local"])
+        result(d, "local", 8.0)
+        result(d, "shoal-powersgd", psgd)
+        result(d, "ddp-none", dense)
+    return out
+
+
+def test_spread_median_and_range(report):
+    s = report.spread([3.0, None, 1.0, 2.0])
+    assert (s["median"], s["min"], s["max"], s["n"], s["of"]) == (2.0, 1.0, 3.0, 3, 4)
+    assert report.spread([4.0, 1.0])["median"] == 2.5
+    assert report.spread([None, None]) is None
+    assert report.show(s) == "2.0 [1.0–3.0] (3 of 4)"
+    assert report.show(None) == "—"
+
+
+def test_ratios_are_paired_within_a_repeat(report):
+    ratios = report.paired([160.0, 150.0, 200.0], [40.0, 50.0, 45.0])
+    assert ratios == pytest.approx([4.0, 3.0, 200.0 / 45.0])
+    assert report.spread(ratios)["median"] == pytest.approx(4.0)   # not the medians' ratio, 160 / 45
+    # A repeat where either side has no value has no pair; a factor scales every pair.
+    assert report.paired([100.0, None, 90.0], [50.0, 30.0, None], factor=0.5) == [1.0, None, None]
+
+
+def test_failed_and_missing_runs_are_listed(report, tmp_path):
+    out = repeated_results(str(tmp_path))
+    names, table = report.load_repeats(os.path.join(out, "speed", "1gbit", "embeddings"), expected=3)
+    assert names == ["repeat-1", "repeat-2", "repeat-3"]
+    assert [report.status(e) for e in table["shoal-none"]] == ["ok", "missing: did not run", "ok"]
+    assert all(report.status(e).startswith("failed: what():  [enforce fail") for e in table["ddp-powersgd"])
+    assert report.runs_text(table["shoal-none"], names) == "2 of 3 ok; repeat-2: missing: did not run"
+    # A repeat that never started at all counts as one, missing for every configuration.
+    names, table = report.load_repeats(os.path.join(out, "speed", "1gbit", "digits_mlp"), expected=3)
+    assert names == ["repeat-1", "repeat-2", "repeat-3"]
+    assert report.status(table["shoal-powersgd"][2]) == "missing: repeat 3 did not run"
+    assert report.spread([report.step_ms(e) for e in table["shoal-powersgd"]])["n"] == 2
+
+
+def test_report_tables_and_targets(report, tmp_path, monkeypatch, capsys):
+    out = repeated_results(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["report.py", out, "--epochs-to-target",
+                                      "digits_mlp/ddp-none=6.0,digits_mlp/shoal-powersgd=5.0"])
+    report.main()
+    text = open(os.path.join(out, "tables.md")).read()
+    lines = text.splitlines()
+    row = next(l for l in lines if l.startswith("| shoal-sketch |"))
+    assert "| 45.0 [40.0–50.0] | 40.0, 50.0, 45.0 |" in row
+    assert "| 4.00× [3.00–4.44] |" in row                     # DDP dense / this, paired
+    assert "| 2.00× [2.00–2.50] |" in row                     # this / no-communication, paired
+    assert row.endswith("| 3 of 3 ok |")
+    failed_row = next(l for l in lines if l.startswith("| ddp-powersgd |"))
+    assert "0 of 3 ok; repeat-1, repeat-2, repeat-3: failed: what():" in failed_row and "| — |" in failed_row
+    # Against each peer: a peer that failed in every repeat gives no pair, and says why.
+    peer_row = next(l for l in lines if l.startswith("| 1gbit | shoal-sketch | ddp-powersgd, per step |"))
+    assert "0 of 3; repeat-1, repeat-2, repeat-3: ddp-powersgd failed: what():" in peer_row
+    none_row = next(l for l in lines if l.startswith("| 1gbit | shoal-none | ddp-none, per step |"))
+    assert "2 of 3; repeat-2: shoal-none missing: did not run" in none_row
+    # The goals are judged on the paired medians.
+    assert ("| embeddings, 1gbit: sketch ≥ 3.74× faster per step than DDP dense (paired median, 3 repeats) "
+            "| 4.00× [3.00–4.44] | yes |") in lines
+    # Digits: time to dense's accuracy = steps ratio x epochs ratio (6.0 / 5.0), per repeat: 3.00, 2.16.
+    tta = next(l for l in lines if l.startswith("| 1gbit | shoal-powersgd | ddp-none, time to dense's accuracy"))
+    assert ("| 3.00, 2.16, — | 2.58× [2.16–3.00] (2 of 3) "
+            "| 2 of 3; repeat-3: shoal-powersgd missing: repeat 3 did not run") \
+        in tta
+    assert any(l.startswith("| digits_mlp, 1gbit: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner")
+               and "shoal-powersgd: 2.58× [2.16–3.00] (2 of 3) (derived) | yes |" in l for l in lines)
+    assert any(l.startswith("| digits_mlp, 1gbit: best shoal step within 1.25× of no communication")
+               and "| no |" in l for l in lines)
+    capsys.readouterr()
+
+
+def test_single_run_layout_keeps_its_table(report, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path)
+    result(os.path.join(out, "speed", "local", "digits_mlp"), "local", 8.0)
+    task = os.path.join(out, "speed", "1gbit", "digits_mlp")
+    result(task, "shoal-none", 50.0)
+    result(task, "ddp-none", 48.0)
+    failed(task, "ddp-powersgd", "Terminated")
+    monkeypatch.setattr(sys, "argv", ["report.py", out])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    assert "No communication (the same step on one rank): 8.0 ms (CPU 10.0 ms)." in lines
+    assert any(l.startswith("| 1gbit | shoal-none | 50.0 | 51.0 | 10.0 | 0.96× | 6.25× |") for l in lines)
+    assert "| 1gbit | ddp-powersgd | | | | | | | | | failed: Terminated |" in lines
+    assert not any("repeat" in l for l in lines)
+    capsys.readouterr()
