@@ -145,6 +145,10 @@ struct TensorPlan {
   // Bitmap index: this rank's own bitmap and nonzero values in index order (round 0's scan), read
   // sequentially by the values round instead of gathering the input at U.
   bool haveLocal = false;
+  bool localNegativeZero = false;  // this rank's input holds a -0 (the scan says)
+  // The union was checked to hold every one of this rank's members (memberValues): then, in place,
+  // every coordinate off U already holds a zero of this rank's input.
+  bool unionCoversLocal = false;
   std::vector<uint64_t> localBits;
   LocalValues localValues;
   Mode mode = Mode::None;
@@ -367,6 +371,7 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op) {
       local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.h: 64 elements a step
       plan.localBits.assign(bits, bits + plan.words);  // the payload is reduced in place
       plan.haveLocal = true;
+      plan.localNegativeZero = local.negativeZero;
     } else {
       for (size_t i = 0; i < plan.count; ++i) {
         if (!isNonzero(x[i])) continue;
@@ -576,7 +581,12 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       std::memcpy(s.dense.data() + plan.valueOffset, x, plan.count * sizeof(float));
       continue;
     }
-    if (plan.mode == Mode::None) continue;
+    if (plan.mode == Mode::None) {  // an empty union: this rank must hold no member either
+      if (plan.haveLocal && plan.localValues.size > 0)
+        return malformed(op, 0, t, "index", "the union is empty but this rank holds a nonzero value");
+      plan.unionCoversLocal = plan.haveLocal;
+      continue;
+    }
     uint64_t* base = s.values.data() + plan.valueOffset;
     if (plan.mode == Mode::Compact && plan.compactF32 && !plan.nonfinite && plan.haveLocal) {
       // The common case, f32 values and no Inf/NaN anywhere: this rank's values go straight into the
@@ -584,6 +594,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
                         plan.localValues.size, s.dense.data() + plan.valueOffset))
         return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+      plan.unionCoversLocal = true;
       continue;
     }
     std::vector<float> mine(u);  // this rank's value at each member of U
@@ -591,6 +602,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
                         plan.localValues.size, mine.data()))
         return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+      plan.unionCoversLocal = true;
     } else {
       for (size_t p = 0; p < u; ++p) mine[p] = x[plan.members[p]];
     }
@@ -633,8 +645,15 @@ void writeOutputs(OpState& s, shoal_compress_op_t* op) {
       }
       continue;
     }
-    writeMembers(out, plan.count, plan.members.data(), plan.resultView ? plan.resultView : plan.result.data(),
-                 plan.members.size());
+    const float* result = plan.resultView ? plan.resultView : plan.result.data();
+    if (out == inputOf(op->tensors[t]) && plan.unionCoversLocal && !plan.localNegativeZero) {
+      // In place: off U the buffer holds this rank's input, zeros there (every nonzero of it is a
+      // member, checked) and none of them -0, so it already holds the +0 the output needs there. Only
+      // U's members are written: no pass over the dense output (an embedding's gradient: a few rows).
+      for (size_t p = 0; p < plan.members.size(); ++p) out[plan.members[p]] = result[p];
+      continue;
+    }
+    writeMembers(out, plan.count, plan.members.data(), result, plan.members.size());
   }
 }
 
