@@ -368,7 +368,7 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op) {
     uint64_t* bits = s.bitmap.data() + plan.wordOffset;
     LocalStats local;
     if (plan.bloom.words == 0) {
-      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.h: 64 elements a step
+      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.cc: 64 elements a step
       plan.localBits.assign(bits, bits + plan.words);  // the payload is reduced in place
       plan.haveLocal = true;
       plan.localNegativeZero = local.negativeZero;
