@@ -20,7 +20,9 @@
 // jobs on a shared machine do not inflate), memcpy its cpuGB/s.
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
-// path, all rounds' CPU work, without the collectives.
+// path, all rounds' CPU work, without the collectives. BM_ScanPath runs round
+// 0's scan on each of its paths (portable, SSE4.1, AVX2); BM_NcfStep_* one step
+// of the NCF training task's gradients (mostly zero rows) in place and out of place.
 #include <benchmark/benchmark.h>
 #include <shoal/compressor.h>
 #include <shoal/shoal.h>
@@ -135,6 +137,28 @@ void BM_BitmapBuild(benchmark::State& state) {
     benchmark::DoNotOptimize(values.data.get());
   }
   setRate(state, d.members.size());
+}
+
+// Round 0's scan on each of its paths (sketch_host.cc: portable, SSE4.1 = the build's x86-64-v2
+// baseline, AVX2 by the CPU); scanIndex takes the best one the CPU has.
+void BM_ScanPath(benchmark::State& state) {
+  const Data& d = data(int(state.range(1)));
+  const auto path = static_cast<ScanPath>(state.range(0));
+  if (!scanPathAvailable(path)) {
+    state.SkipWithError("this CPU lacks the path");
+    return;
+  }
+  std::vector<uint64_t> bits(kCount / 64);
+  LocalValues values;
+  const double begin = threadSeconds();
+  for (auto _ : state) {
+    LocalStats s = scanIndexWith(path, d.x.data(), kCount, bits.data(), &values);
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(bits.data());
+    benchmark::DoNotOptimize(values.data.get());
+  }
+  setRate(state, d.members.size());
+  state.counters["cpuGB/s"] = kBytes * double(state.iterations()) / (threadSeconds() - begin) / 1e9;
 }
 
 // After round 0 (encodeValues): the union bitmap to the member list U.
@@ -415,6 +439,11 @@ void densities(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BitmapBuild)->Apply(densities);
+BENCHMARK(BM_ScanPath)
+    ->ArgNames({"path", "permille"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_SupportCompaction)->Apply(densities);
 BENCHMARK(BM_EncodeCompact)->Apply(densities);
 BENCHMARK(BM_SketchScatter)->Apply(densities);
