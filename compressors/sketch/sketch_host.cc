@@ -4,18 +4,18 @@
 //
 // Why the statistics are not per member: at 10% density the per-member
 // decompose and min/max (a branch and a dependency chain per member) cost
-// more than reading the input. They are min and max over the members, so
-// they can be taken over whole vectors instead, branch-free:
+// more than reading the input. They are a min and a max over the members,
+// so they are taken with vector min/max over the members' values once the
+// scan has copied them out (batch by batch, while they are in the L1 cache;
+// every lane a member, so there are no zeros to mask), branch-free:
 //  - the top bit: top() grows with |x|, so max top = top(max |x|), and |x|'s
-//    bits order like |x| (an unsigned max of the bits with the sign cleared;
-//    zeros are neutral);
+//    bits order like |x| (an unsigned max of the bits with the sign cleared);
 //  - the lowest bit: for a finite nonzero x with magnitude bits t and biased
 //    exponent e, lowest = max(e, 1) - 150 + ctz(t | 2^23) (bit 23 stands in
 //    for the implicit bit of a normal value and lies above a subnormal's
 //    lowest set bit), and 2^ctz(v) = v & -v converts exactly to a float whose
 //    exponent field is 127 + ctz. So key = max(e, 1) + 127 + ctz is a few
-//    vector operations, zeros are forced to the key's maximum, and lowest =
-//    min key - 277;
+//    vector operations, and lowest = min key - 277;
 //  - Inf/NaN (a magnitude >= 0x7f800000) would spoil both: when the maximum
 //    says one is present, the statistics are taken again member by member
 //    (addMemberStats, the reference rule; rare: Inf/NaN gradients).
@@ -24,16 +24,16 @@
 // and skipped. The values are copied out with a fixed run of writes per
 // word (simdjson's "flatten" loop: no data-dependent loop exit per word; the
 // writes past the word's members land in room the next word overwrites).
-// Compiled for the build's target (x86-64-v2: SSE4.1) and for AVX2, picked
-// at run time by the CPU (scanIndex); every path gives the same words,
-// values and statistics (tests/unit/test_sketch_host.cc compares them).
+// Compiled for the build's target (x86-64-v2: SSE4.1) and, with GCC, for
+// AVX2, picked at run time by the CPU (scanIndex); every path gives the same
+// words, values and statistics (tests/unit/test_sketch_host.cc compares them).
 #include "compressors/sketch/sketch_host.h"
 
 #if defined(__x86_64__) && defined(__SSE4_1__)
 #include <immintrin.h>
 #define SHOAL_SKETCH_X86 1
 #if defined(__GNUC__) && !defined(__clang__)
-#define SHOAL_SKETCH_AVX2 1  // GCC: a target("avx2") function beside the baseline ones
+#define SHOAL_SKETCH_AVX2 1  // GCC: functions compiled for AVX2 beside the baseline ones
 #endif
 #endif
 
@@ -130,123 +130,163 @@ LocalStats scanPortable(const float* x, size_t count, uint64_t* words, float* ou
 }
 
 #if SHOAL_SKETCH_X86
-// Blocks with more members than this take the vector statistics; fewer go
-// member by member (cheaper for one or two, and the branch is predictable
-// at both ends of the density range).
-constexpr int kVectorStatsFrom = 3;
+// The statistics of the values the scan has copied out are taken every this
+// many values, while they are still in the L1 cache.
+constexpr std::ptrdiff_t kStatsBatch = 2048;
 
-// SSE4.1 (the build's baseline): 16 vectors of 4 per block.
-LocalStats scanSse41(const float* x, size_t count, uint64_t* words, float* out) {
-  const __m128i magnitude = _mm_set1_epi32(int(kMagnitude)), implicit = _mm_set1_epi32(0x800000),
-                one = _mm_set1_epi32(1), zero = _mm_setzero_si128();
-  __m128i maxMag = zero, minKey = _mm_set1_epi32(-1), negZeros = zero;
-  Totals totals;
-  const size_t full = count / 64;
-  for (size_t w = 0; w < full; ++w) {
-    const float* block = x + 64 * w;
-    __m128i v[16];
-    __m128i any = zero;
+// SSE4.1 (the build's baseline): 4 lanes, 16 vectors a block.
+struct Sse41 {
+  __m128i maxMag = _mm_setzero_si128(), minKey = _mm_set1_epi32(-1), negZeros = _mm_setzero_si128();
+
+  // Folds values[0..n) (members: every one nonzero) into the statistics.
+  void addValues(const float* values, std::ptrdiff_t n, Totals& totals) {
+    const __m128i magnitude = _mm_set1_epi32(int(kMagnitude)), implicit = _mm_set1_epi32(0x800000),
+                  one = _mm_set1_epi32(1), zero = _mm_setzero_si128();
+    std::ptrdiff_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const __m128i t = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values + i)), magnitude);
+      maxMag = _mm_max_epu32(maxMag, t);
+      const __m128i b = _mm_or_si128(t, implicit);
+      const __m128i low = _mm_and_si128(b, _mm_sub_epi32(zero, b));  // 2^ctz(b)
+      const __m128i ctz127 = _mm_srli_epi32(_mm_castps_si128(_mm_cvtepi32_ps(low)), 23);
+      minKey = _mm_min_epu32(minKey, _mm_add_epi32(_mm_max_epi32(_mm_srli_epi32(t, 23), one), ctz127));
+    }
+    for (; i < n; ++i) {
+      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
+      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
+      totals.minKey = std::min(totals.minKey, lowestKey(t));
+    }
+  }
+
+  // One block of 64: returns its word, notes its -0s, appends its members' values at *out.
+  uint64_t block(const float* x, float** out) {
+    const __m128i magnitude = _mm_set1_epi32(int(kMagnitude)), zero = _mm_setzero_si128();
+    __m128i v[16], any = zero;
     for (int k = 0; k < 16; ++k) {
-      v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4 * k));
+      v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 4 * k));
       any = _mm_or_si128(any, v[k]);
     }
-    if (_mm_testz_si128(any, magnitude)) {  // every element +-0
+    if (_mm_testz_si128(any, magnitude)) {  // every element +-0: a skip
       negZeros = _mm_or_si128(negZeros, any);
-      words[w] = 0;
-      continue;
+      return 0;
     }
-    uint64_t mask = 0;
-    __m128i zeros[16];
+    uint64_t zeroBits = 0;
     for (int k = 0; k < 16; ++k) {
-      zeros[k] = _mm_cmpeq_epi32(_mm_and_si128(v[k], magnitude), zero);
-      mask |= uint64_t(~_mm_movemask_ps(_mm_castsi128_ps(zeros[k])) & 0xf) << (4 * k);
-      negZeros = _mm_or_si128(negZeros, _mm_and_si128(v[k], zeros[k]));
+      const __m128i zeros = _mm_cmpeq_epi32(_mm_and_si128(v[k], magnitude), zero);
+      zeroBits |= uint64_t(_mm_movemask_ps(_mm_castsi128_ps(zeros))) << (4 * k);
+      negZeros = _mm_or_si128(negZeros, _mm_and_si128(v[k], zeros));
     }
-    words[w] = mask;
-    if (__builtin_popcountll(mask) < kVectorStatsFrom) {
-      addMembersScalar(block, mask, totals);
-    } else {
-      for (int k = 0; k < 16; ++k) {
-        const __m128i t = _mm_and_si128(v[k], magnitude);
-        maxMag = _mm_max_epu32(maxMag, t);
-        const __m128i b = _mm_or_si128(t, implicit);
-        const __m128i low = _mm_and_si128(b, _mm_sub_epi32(zero, b));
-        const __m128i ctz127 = _mm_srli_epi32(_mm_castps_si128(_mm_cvtepi32_ps(low)), 23);
-        const __m128i key = _mm_add_epi32(_mm_max_epi32(_mm_srli_epi32(t, 23), one), ctz127);
-        minKey = _mm_min_epu32(minKey, _mm_or_si128(key, zeros[k]));
-      }
+    const uint64_t mask = ~zeroBits;
+    *out = flattenMembers(x, mask, *out);
+    return mask;
+  }
+
+  void finish(Totals& totals) const {
+    alignas(16) uint32_t lanes[3][4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes[0]), maxMag);
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes[1]), minKey);
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes[2]), negZeros);
+    for (int k = 0; k < 4; ++k) {
+      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
+      totals.minKey = std::min(totals.minKey, lanes[1][k]);
+      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
     }
-    if (out) out = flattenMembers(block, mask, out);
   }
-  alignas(16) uint32_t lanes[3][4];
-  _mm_store_si128(reinterpret_cast<__m128i*>(lanes[0]), maxMag);
-  _mm_store_si128(reinterpret_cast<__m128i*>(lanes[1]), minKey);
-  _mm_store_si128(reinterpret_cast<__m128i*>(lanes[2]), negZeros);
-  for (int k = 0; k < 4; ++k) {
-    totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
-    totals.minKey = std::min(totals.minKey, lanes[1][k]);
-    totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
+};
+
+// The scan with the vector steps of Lanes: each block's word and values first, then the
+// statistics over the values copied out (members only: no zero lanes to mask
+// out, a few percent of the elements at typical densities), batch by batch.
+template <class Lanes>
+inline LocalStats scanWith(const float* x, size_t count, uint64_t* words, float* out) {
+  Lanes lanes;
+  Totals totals;
+  const size_t full = count / 64;
+  float* statsFrom = out;
+  for (size_t w = 0; w < full; ++w) {
+    words[w] = lanes.block(x + 64 * w, &out);
+    if (out - statsFrom >= kStatsBatch) {
+      lanes.addValues(statsFrom, out - statsFrom, totals);
+      statsFrom = out;
+    }
   }
+  lanes.addValues(statsFrom, out - statsFrom, totals);
+  lanes.finish(totals);
   if (count % 64) words[full] = tailWord(x + 64 * full, count % 64, totals, &out);
   return finishStats(x, count, words, totals);
+}
+
+LocalStats scanSse41(const float* x, size_t count, uint64_t* words, float* out) {
+  return scanWith<Sse41>(x, count, words, out);
 }
 
 #if SHOAL_SKETCH_AVX2
-// AVX2: the same steps on 8 vectors of 8 per block.
-__attribute__((target("avx2"))) LocalStats scanAvx2(const float* x, size_t count, uint64_t* words, float* out) {
-  const __m256i magnitude = _mm256_set1_epi32(int(kMagnitude)), implicit = _mm256_set1_epi32(0x800000),
-                one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
-  __m256i maxMag = zero, minKey = _mm256_set1_epi32(-1), negZeros = zero;
-  Totals totals;
-  const size_t full = count / 64;
-  for (size_t w = 0; w < full; ++w) {
-    const float* block = x + 64 * w;
-    __m256i v[8];
-    __m256i any = zero;
+// AVX2: 8 lanes, 8 vectors a block; the same steps (compiled for AVX2 only, called when the CPU has it).
+#pragma GCC push_options
+#pragma GCC target("avx2")
+struct Avx2 {
+  __m256i maxMag = _mm256_setzero_si256(), minKey = _mm256_set1_epi32(-1), negZeros = _mm256_setzero_si256();
+
+  void addValues(const float* values, std::ptrdiff_t n, Totals& totals) {
+    const __m256i magnitude = _mm256_set1_epi32(int(kMagnitude)), implicit = _mm256_set1_epi32(0x800000),
+                  one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
+    std::ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256i t =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + i)), magnitude);
+      maxMag = _mm256_max_epu32(maxMag, t);
+      const __m256i b = _mm256_or_si256(t, implicit);
+      const __m256i low = _mm256_and_si256(b, _mm256_sub_epi32(zero, b));  // 2^ctz(b)
+      const __m256i ctz127 = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(low)), 23);
+      minKey = _mm256_min_epu32(minKey, _mm256_add_epi32(_mm256_max_epi32(_mm256_srli_epi32(t, 23), one), ctz127));
+    }
+    for (; i < n; ++i) {
+      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
+      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
+      totals.minKey = std::min(totals.minKey, lowestKey(t));
+    }
+  }
+
+  uint64_t block(const float* x, float** out) {
+    const __m256i magnitude = _mm256_set1_epi32(int(kMagnitude)), zero = _mm256_setzero_si256();
+    __m256i v[8], any = zero;
     for (int k = 0; k < 8; ++k) {
-      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 8 * k));
+      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * k));
       any = _mm256_or_si256(any, v[k]);
     }
-    if (_mm256_testz_si256(any, magnitude)) {  // every element +-0
+    if (_mm256_testz_si256(any, magnitude)) {
       negZeros = _mm256_or_si256(negZeros, any);
-      words[w] = 0;
-      continue;
+      return 0;
     }
-    uint64_t mask = 0;
-    __m256i zeros[8];
+    uint64_t zeroBits = 0;
     for (int k = 0; k < 8; ++k) {
-      zeros[k] = _mm256_cmpeq_epi32(_mm256_and_si256(v[k], magnitude), zero);
-      mask |= uint64_t(~_mm256_movemask_ps(_mm256_castsi256_ps(zeros[k])) & 0xff) << (8 * k);
-      negZeros = _mm256_or_si256(negZeros, _mm256_and_si256(v[k], zeros[k]));
+      const __m256i zeros = _mm256_cmpeq_epi32(_mm256_and_si256(v[k], magnitude), zero);
+      zeroBits |= uint64_t(_mm256_movemask_ps(_mm256_castsi256_ps(zeros))) << (8 * k);
+      negZeros = _mm256_or_si256(negZeros, _mm256_and_si256(v[k], zeros));
     }
-    words[w] = mask;
-    if (__builtin_popcountll(mask) < kVectorStatsFrom) {
-      addMembersScalar(block, mask, totals);
-    } else {
-      for (int k = 0; k < 8; ++k) {
-        const __m256i t = _mm256_and_si256(v[k], magnitude);
-        maxMag = _mm256_max_epu32(maxMag, t);
-        const __m256i b = _mm256_or_si256(t, implicit);
-        const __m256i low = _mm256_and_si256(b, _mm256_sub_epi32(zero, b));
-        const __m256i ctz127 = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(low)), 23);
-        const __m256i key = _mm256_add_epi32(_mm256_max_epi32(_mm256_srli_epi32(t, 23), one), ctz127);
-        minKey = _mm256_min_epu32(minKey, _mm256_or_si256(key, zeros[k]));
-      }
+    const uint64_t mask = ~zeroBits;
+    *out = flattenMembers(x, mask, *out);
+    return mask;
+  }
+
+  void finish(Totals& totals) const {
+    alignas(32) uint32_t lanes[3][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), maxMag);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), minKey);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), negZeros);
+    for (int k = 0; k < 8; ++k) {
+      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
+      totals.minKey = std::min(totals.minKey, lanes[1][k]);
+      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
     }
-    if (out) out = flattenMembers(block, mask, out);
   }
-  alignas(32) uint32_t lanes[3][8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), maxMag);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), minKey);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), negZeros);
-  for (int k = 0; k < 8; ++k) {
-    totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
-    totals.minKey = std::min(totals.minKey, lanes[1][k]);
-    totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
-  }
-  if (count % 64) words[full] = tailWord(x + 64 * full, count % 64, totals, &out);
-  return finishStats(x, count, words, totals);
+};
+
+// flatten: scanWith and the block steps are inlined here, so all of it is compiled for AVX2.
+__attribute__((flatten)) LocalStats scanAvx2(const float* x, size_t count, uint64_t* words, float* out) {
+  return scanWith<Avx2>(x, count, words, out);
 }
+#pragma GCC pop_options
 #endif
 #endif
 
@@ -265,20 +305,13 @@ bool scanPathAvailable(ScanPath path) {
   }
 }
 
-ScanPath bestScanPath() {
-  static const ScanPath best = scanPathAvailable(ScanPath::Avx2)    ? ScanPath::Avx2
-                               : scanPathAvailable(ScanPath::Sse41) ? ScanPath::Sse41
-                                                                    : ScanPath::Portable;
-  return best;
-}
-
 LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* words, LocalValues* values) {
-  float* out = nullptr;
-  if (values) {
-    // Room for the flatten loop's writes past the last member (flattenMembers).
-    values->data.reset(new float[count + 8]);
-    out = values->data.get();
-  }
+  // The vector paths take the statistics from the values they copy out, so
+  // the values are written even for a caller that does not keep them.
+  LocalValues scratch;
+  LocalValues& kept = values ? *values : scratch;
+  kept.data.reset(new float[count + 8]);  // + room for flattenMembers' writes past the last member
+  float* const out = kept.data.get();
   LocalStats s;
   switch (scanPathAvailable(path) ? path : ScanPath::Portable) {
 #if SHOAL_SKETCH_X86
@@ -289,17 +322,18 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
 #endif
     default: s = scanPortable(x, count, words, out); break;
   }
-  if (values) {
-    // Every member was written once, in order: the count is the bitmap's.
-    size_t members = 0;
-    for (size_t w = 0; w < (count + 63) / 64; ++w) members += size_t(__builtin_popcountll(words[w]));
-    values->size = members;
-  }
+  // Every member's value was written once, in index order: as many as the bitmap's bits.
+  size_t members = 0;
+  for (size_t w = 0; w < (count + 63) / 64; ++w) members += size_t(__builtin_popcountll(words[w]));
+  kept.size = members;
   return s;
 }
 
 LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues* values) {
-  return scanIndexWith(bestScanPath(), x, count, words, values);
+  static const ScanPath best = scanPathAvailable(ScanPath::Avx2)    ? ScanPath::Avx2
+                               : scanPathAvailable(ScanPath::Sse41) ? ScanPath::Sse41
+                                                                    : ScanPath::Portable;
+  return scanIndexWith(best, x, count, words, values);
 }
 
 }  // namespace shoal::sketch
