@@ -152,7 +152,7 @@ struct TensorPlan {
   std::vector<uint64_t> localBits;
   LocalValues localValues;
   Mode mode = Mode::None;
-  std::vector<uint64_t> members;  // U, ascending
+  MemberList members;  // U, ascending
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
   size_t specialOffset = 0;       // in specials
   // sketch
@@ -179,7 +179,7 @@ struct Pipeline;
 struct OpState {
   std::vector<TensorPlan> plans;
   std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
-  std::vector<float> dense;
+  std::vector<float, UninitializedAllocator<float>> dense;  // zeroed only where a tensor needs it (encodeValues)
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
   void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
@@ -567,7 +567,19 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
   }
   s.values.assign(valueWords, 0);
   s.specials.assign(specialWords, 0);
-  s.dense.assign(denseCount, 0.0f);
+  // The f32 payload is not zeroed as a whole: dense data and this rank's compact f32 values
+  // (memberValues) overwrite their ranges entirely; only the ranges written sparsely (values
+  // beside Inf/NaN, a gathered union) or added into (f32 cells) start at zero.
+  s.dense.resize(denseCount);
+  for (const TensorPlan& plan : s.plans) {
+    if (plan.presizedValid || plan.mode == Mode::None || plan.mode == Mode::Dense) continue;
+    size_t zeros = 0;
+    if (plan.mode == Mode::Compact && plan.compactF32 && !(plan.haveLocal && !plan.nonfinite))
+      zeros = plan.members.size();
+    else if (plan.mode == Mode::Sketch && plan.floatCells)
+      zeros = 3 * plan.geometry.part;
+    std::fill_n(s.dense.data() + plan.valueOffset, zeros, 0.0f);
+  }
   s.presizedLeftovers.assign(presizedLeftoverWords, 0);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];

@@ -225,7 +225,9 @@ LocalStats scanSse41(const float* x, size_t count, uint64_t* words, float* out) 
 #pragma GCC push_options
 #pragma GCC target("avx2")
 struct Avx2 {
-  __m256i maxMag = _mm256_setzero_si256(), minKey = _mm256_set1_epi32(-1), negZeros = _mm256_setzero_si256();
+  __m256i maxMag, minKey, negZeros;
+  // Defined here, so compiled for AVX2 (an implicit constructor would be compiled where it is used).
+  Avx2() : maxMag(_mm256_setzero_si256()), minKey(_mm256_set1_epi32(-1)), negZeros(_mm256_setzero_si256()) {}
 
   void addValues(const float* values, std::ptrdiff_t n, Totals& totals) {
     const __m256i magnitude = _mm256_set1_epi32(int(kMagnitude)), implicit = _mm256_set1_epi32(0x800000),

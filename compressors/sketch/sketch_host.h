@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -26,6 +28,31 @@
 #include "compressors/sketch/sketch_math.h"
 
 namespace shoal::sketch {
+
+// An allocator whose resize() leaves new elements uninitialised: for buffers
+// that are written in full right after (the member list, the f32 payload),
+// which std::allocator would zero first, a pass over them for nothing.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// The union's members, ascending (bitmapMembersFast writes every entry).
+using MemberList = std::vector<uint64_t, UninitializedAllocator<uint64_t>>;
 
 // This rank's round-0 statistics of one tensor: any finite nonzero value, the
 // highest (top) and lowest set bit positions over those, any Inf/NaN.
@@ -82,23 +109,32 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
 inline bool memberValues(const uint64_t* unionWords, const uint64_t* localWords, size_t nwords,
                          const float* localValues, size_t localCount, float* out) {
   size_t q = 0, p = 0;
+  // Words whose members are all this rank's are a straight copy, and along a
+  // run of them p - q stays fixed: out[from, p) = localValues[q - (p - from), q)
+  // goes as one memcpy when the run ends.
+  size_t from = 0;
+  auto copyRun = [&] {
+    if (p > from) std::memcpy(out + from, localValues + (q - (p - from)), (p - from) * sizeof(float));
+  };
   for (size_t k = 0; k < nwords; ++k) {
     const uint64_t all = unionWords[k], mine = localWords[k];
     if (mine & ~all) return false;
-    if (q + size_t(__builtin_popcountll(mine)) > localCount) return false;
-    if (mine == all) {  // every member here is this rank's: a straight copy
-      const int m = __builtin_popcountll(all);
-      for (int e = 0; e < m; ++e) out[p + e] = localValues[q + e];
-      p += size_t(m);
-      q += size_t(m);
+    const size_t m = size_t(__builtin_popcountll(mine));
+    if (q + m > localCount) return false;
+    if (mine == all) {
+      p += m;
+      q += m;
       continue;
     }
+    copyRun();
     for (uint64_t word = all; word; word &= word - 1) {
       const uint64_t bit = word & (0 - word);
       out[p++] = (mine & bit) ? localValues[q + size_t(__builtin_popcountll(mine & (bit - 1)))] : 0.0f;
     }
-    q += size_t(__builtin_popcountll(mine));
+    q += m;
+    from = p;
   }
+  copyRun();
   return true;
 }
 
@@ -107,7 +143,8 @@ inline bool memberValues(const uint64_t* unionWords, const uint64_t* localWords,
 // fixed runs of eight stores (as the scan's values, sketch_host.cc: no loop
 // exit that depends on the word), the stores past the word's members into the
 // next word's place or the 8 spare entries at the end.
-inline void bitmapMembersFast(const uint64_t* words, size_t count, std::vector<uint64_t>& members) {
+template <class List>
+inline void bitmapMembersFast(const uint64_t* words, size_t count, List& members) {
   const size_t nwords = (count + 63) / 64;
   size_t total = 0;
   for (size_t k = 0; k < nwords; ++k) total += size_t(__builtin_popcountll(words[k]));
