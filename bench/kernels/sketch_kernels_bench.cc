@@ -20,7 +20,9 @@
 // jobs on a shared machine do not inflate), memcpy its cpuGB/s.
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
-// path, all rounds' CPU work, without the collectives.
+// path, all rounds' CPU work, without the collectives. BM_ScanPath runs round
+// 0's scan on each of its paths (portable, SSE4.1, AVX2); BM_NcfStep_* one step
+// of the NCF training task's gradients (mostly zero rows) in place and out of place.
 #include <benchmark/benchmark.h>
 #include <shoal/compressor.h>
 #include <shoal/shoal.h>
@@ -135,6 +137,28 @@ void BM_BitmapBuild(benchmark::State& state) {
     benchmark::DoNotOptimize(values.data.get());
   }
   setRate(state, d.members.size());
+}
+
+// Round 0's scan on each of its paths (sketch_host.cc: portable, SSE4.1 = the build's x86-64-v2
+// baseline, AVX2 by the CPU); scanIndex takes the best one the CPU has.
+void BM_ScanPath(benchmark::State& state) {
+  const Data& d = data(int(state.range(1)));
+  const auto path = static_cast<ScanPath>(state.range(0));
+  if (!scanPathAvailable(path)) {
+    state.SkipWithError("this CPU lacks the path");
+    return;
+  }
+  std::vector<uint64_t> bits(kCount / 64);
+  LocalValues values;
+  const double begin = threadSeconds();
+  for (auto _ : state) {
+    LocalStats s = scanIndexWith(path, d.x.data(), kCount, bits.data(), &values);
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(bits.data());
+    benchmark::DoNotOptimize(values.data.get());
+  }
+  setRate(state, d.members.size());
+  state.counters["cpuGB/s"] = kBytes * double(state.iterations()) / (threadSeconds() - begin) / 1e9;
 }
 
 // After round 0 (encodeValues): the union bitmap to the member list U.
@@ -299,6 +323,114 @@ void BM_Pipeline_Sketch(benchmark::State& state) { pipeline(state, "sketch"); }
 // this thread's share only, opGB/s counts the helper thread too).
 void BM_Pipeline_Chunked(benchmark::State& state) { pipeline(state, "compact", "524288"); }
 
+
+// ---- the NCF task's gradients (issue 19) ---------------------------------------------------
+// One step's gradients of examples/train/embeddings.py: nn.Embedding(sparse=False) gives dense
+// gradients that are zero but for the rows the batch touched. User and item tables of 100,000 and
+// 20,000 rows of 32 (about 200 and 450 rows touched by a batch of 256 positives and 256 negatives,
+// as measured by the task's user_rows_touched_per_rank), then the MLP's 4 dense gradients (6,144 +
+// 64 + 64 + 1), as one operation of 6 tensors, in place (DistributedOptimizer's allreduce) or out
+// of place. world_size 2 where the other rank holds zeros (every reduction is still the identity,
+// so the output must equal the input): the two-rank path, f32 values, that the task takes.
+struct NcfStep {
+  std::vector<std::vector<float>> grads;
+  size_t elements = 0, members = 0;
+};
+
+const NcfStep& ncfStep() {
+  static NcfStep step;
+  if (!step.grads.empty()) return step;
+  std::mt19937_64 rng(19);
+  std::normal_distribution<float> value(0.0f, 1e-3f);
+  const size_t rows[2] = {100000, 20000}, touched[2] = {200, 450}, dim = 32;
+  for (int e = 0; e < 2; ++e) {
+    std::vector<float> g(rows[e] * dim, 0.0f);
+    std::uniform_int_distribution<size_t> row(0, rows[e] - 1);
+    for (size_t k = 0; k < touched[e]; ++k) {
+      const size_t r = row(rng);
+      for (size_t c = 0; c < dim; ++c) g[r * dim + c] = value(rng);
+    }
+    step.grads.push_back(std::move(g));
+  }
+  for (size_t n : {size_t(6144), size_t(64), size_t(64), size_t(1)}) {
+    std::vector<float> g(n);
+    for (float& v : g) v = value(rng);
+    step.grads.push_back(std::move(g));
+  }
+  for (const auto& g : step.grads) {
+    step.elements += g.size();
+    for (float v : g) step.members += v != 0.0f;
+  }
+  return step;
+}
+
+void ncf(benchmark::State& state, bool inPlace) {
+  const NcfStep& step = ncfStep();
+  const shoal_compressor_t* c = shoal::compressors::sketch();
+  char err[256] = {};
+  shoal_compressor_params_t params{};
+  params.struct_size = sizeof params;
+  params.error_text = err;
+  params.error_text_size = sizeof err;
+  void* inst = nullptr;
+  if (c->create(&params, &inst) != SHOAL_OK) {
+    state.SkipWithError(err);
+    return;
+  }
+  std::vector<std::vector<float>> buffers = step.grads, outs;
+  for (const auto& g : step.grads) outs.emplace_back(g.size());
+  std::vector<shoal_compress_tensor_t> tensors(buffers.size());
+  for (size_t t = 0; t < buffers.size(); ++t) {
+    tensors[t].input = shoal_tensor_1d(buffers[t].data(), buffers[t].size(), SHOAL_F32);
+    tensors[t].output = shoal_tensor_1d(inPlace ? buffers[t].data() : outs[t].data(), buffers[t].size(), SHOAL_F32);
+  }
+  shoal_compress_op_t op{};
+  op.struct_size = sizeof op;
+  op.rank = 0;
+  op.world_size = 2;
+  op.op = SHOAL_SUM;
+  op.num_tensors = int(tensors.size());
+  op.tensors = tensors.data();
+  op.error_text = err;
+  op.error_text_size = sizeof err;
+  double encodeSeconds = 0, decodeSeconds = 0;
+  for (auto _ : state) {
+    void* os = nullptr;
+    if (c->start(inst, &op, &os) != SHOAL_OK) {
+      state.SkipWithError(err);
+      break;
+    }
+    shoal_round_t r{};
+    r.struct_size = sizeof r;
+    for (r.index = 0; !r.done; ++r.index) {  // the other rank's zeros: every reduction is the identity
+      const double before = threadSeconds();
+      const shoal_status_t status = c->round(inst, os, &op, &r);
+      (r.index < 2 ? encodeSeconds : decodeSeconds) += threadSeconds() - before;
+      if (status != SHOAL_OK) {
+        state.SkipWithError(err);
+        break;
+      }
+    }
+    c->finish(inst, os);
+    ++op.step;
+  }
+  for (size_t t = 0; t < buffers.size(); ++t) {
+    const float* got = inPlace ? buffers[t].data() : outs[t].data();
+    if (std::memcmp(got, step.grads[t].data(), step.grads[t].size() * sizeof(float)) != 0)
+      state.SkipWithError("output != input");
+  }
+  c->destroy(inst);
+  const double iterations = double(std::max<int64_t>(1, state.iterations()));
+  state.counters["members"] = double(step.members);
+  // CPU per step (ms, this thread): what the sketch costs the NCF step on one rank.
+  state.counters["encode_ms"] = 1e3 * encodeSeconds / iterations;
+  state.counters["decode_ms"] = 1e3 * decodeSeconds / iterations;
+  state.counters["encGB/s"] = 4.0 * double(step.elements) * iterations / std::max(1e-12, encodeSeconds) / 1e9;
+  state.counters["decGB/s"] = 4.0 * double(step.elements) * iterations / std::max(1e-12, decodeSeconds) / 1e9;
+}
+void BM_NcfStep_InPlace(benchmark::State& state) { ncf(state, true); }
+void BM_NcfStep_OutOfPlace(benchmark::State& state) { ncf(state, false); }
+
 void densities(benchmark::internal::Benchmark* b) {
   b->ArgName("permille")->Arg(1)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -307,6 +439,11 @@ void densities(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BitmapBuild)->Apply(densities);
+BENCHMARK(BM_ScanPath)
+    ->ArgNames({"path", "permille"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_SupportCompaction)->Apply(densities);
 BENCHMARK(BM_EncodeCompact)->Apply(densities);
 BENCHMARK(BM_SketchScatter)->Apply(densities);
@@ -315,5 +452,7 @@ BENCHMARK(BM_DecodeCompact)->Apply(densities);
 BENCHMARK(BM_Pipeline_Compact)->Apply(densities);
 BENCHMARK(BM_Pipeline_Sketch)->Apply(densities);
 BENCHMARK(BM_Pipeline_Chunked)->Apply(densities);
+BENCHMARK(BM_NcfStep_InPlace)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_NcfStep_OutOfPlace)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -145,10 +145,14 @@ struct TensorPlan {
   // Bitmap index: this rank's own bitmap and nonzero values in index order (round 0's scan), read
   // sequentially by the values round instead of gathering the input at U.
   bool haveLocal = false;
+  bool localNegativeZero = false;  // this rank's input holds a -0 (the scan says)
+  // The union was checked to hold every one of this rank's members (memberValues): then, in place,
+  // every coordinate off U already holds a zero of this rank's input.
+  bool unionCoversLocal = false;
   std::vector<uint64_t> localBits;
   LocalValues localValues;
   Mode mode = Mode::None;
-  std::vector<uint64_t> members;  // U, ascending
+  MemberList members;  // U, ascending
   size_t valueOffset = 0;         // in values (u64) or dense (f32)
   size_t specialOffset = 0;       // in specials
   // sketch
@@ -175,7 +179,7 @@ struct Pipeline;
 struct OpState {
   std::vector<TensorPlan> plans;
   std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
-  std::vector<float> dense;
+  std::vector<float, UninitializedAllocator<float>> dense;  // zeroed only where a tensor needs it (encodeValues)
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
   void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
@@ -364,9 +368,10 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op) {
     uint64_t* bits = s.bitmap.data() + plan.wordOffset;
     LocalStats local;
     if (plan.bloom.words == 0) {
-      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.h: 64 elements a step
+      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.cc: 64 elements a step
       plan.localBits.assign(bits, bits + plan.words);  // the payload is reduced in place
       plan.haveLocal = true;
+      plan.localNegativeZero = local.negativeZero;
     } else {
       for (size_t i = 0; i < plan.count; ++i) {
         if (!isNonzero(x[i])) continue;
@@ -562,7 +567,19 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
   }
   s.values.assign(valueWords, 0);
   s.specials.assign(specialWords, 0);
-  s.dense.assign(denseCount, 0.0f);
+  // The f32 payload is not zeroed as a whole: dense data and this rank's compact f32 values
+  // (memberValues) overwrite their ranges entirely; only the ranges written sparsely (values
+  // beside Inf/NaN, a gathered union) or added into (f32 cells) start at zero.
+  s.dense.resize(denseCount);
+  for (const TensorPlan& plan : s.plans) {
+    if (plan.presizedValid || plan.mode == Mode::None || plan.mode == Mode::Dense) continue;
+    size_t zeros = 0;
+    if (plan.mode == Mode::Compact && plan.compactF32 && !(plan.haveLocal && !plan.nonfinite))
+      zeros = plan.members.size();
+    else if (plan.mode == Mode::Sketch && plan.floatCells)
+      zeros = 3 * plan.geometry.part;
+    std::fill_n(s.dense.data() + plan.valueOffset, zeros, 0.0f);
+  }
   s.presizedLeftovers.assign(presizedLeftoverWords, 0);
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
@@ -576,7 +593,12 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       std::memcpy(s.dense.data() + plan.valueOffset, x, plan.count * sizeof(float));
       continue;
     }
-    if (plan.mode == Mode::None) continue;
+    if (plan.mode == Mode::None) {  // an empty union: this rank must hold no member either
+      if (plan.haveLocal && plan.localValues.size > 0)
+        return malformed(op, 0, t, "index", "the union is empty but this rank holds a nonzero value");
+      plan.unionCoversLocal = plan.haveLocal;
+      continue;
+    }
     uint64_t* base = s.values.data() + plan.valueOffset;
     if (plan.mode == Mode::Compact && plan.compactF32 && !plan.nonfinite && plan.haveLocal) {
       // The common case, f32 values and no Inf/NaN anywhere: this rank's values go straight into the
@@ -584,6 +606,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
                         plan.localValues.size, s.dense.data() + plan.valueOffset))
         return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+      plan.unionCoversLocal = true;
       continue;
     }
     std::vector<float> mine(u);  // this rank's value at each member of U
@@ -591,6 +614,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
                         plan.localValues.size, mine.data()))
         return malformed(op, 0, t, "index", "the union lacks a coordinate where this rank holds a nonzero value");
+      plan.unionCoversLocal = true;
     } else {
       for (size_t p = 0; p < u; ++p) mine[p] = x[plan.members[p]];
     }
@@ -633,8 +657,15 @@ void writeOutputs(OpState& s, shoal_compress_op_t* op) {
       }
       continue;
     }
-    writeMembers(out, plan.count, plan.members.data(), plan.resultView ? plan.resultView : plan.result.data(),
-                 plan.members.size());
+    const float* result = plan.resultView ? plan.resultView : plan.result.data();
+    if (out == inputOf(op->tensors[t]) && plan.unionCoversLocal && !plan.localNegativeZero) {
+      // In place: off U the buffer holds this rank's input, zeros there (every nonzero of it is a
+      // member, checked) and none of them -0, so it already holds the +0 the output needs there. Only
+      // U's members are written: no pass over the dense output (an embedding's gradient: a few rows).
+      for (size_t p = 0; p < plan.members.size(); ++p) out[plan.members[p]] = result[p];
+      continue;
+    }
+    writeMembers(out, plan.count, plan.members.data(), result, plan.members.size());
   }
 }
 

@@ -1,14 +1,15 @@
 // The sketch compressor's dense host passes, written for the CPU's vector
-// units: the round-0 scan (index bitmap + exponent statistics) and the output
-// write. Host only (the CUDA kernels have their own, sketch.cu); per-element
-// rules come from sketch_math.h so both sides agree bit for bit.
+// units: the round-0 scan (index bitmap + exponent statistics, in
+// sketch_host.cc), the member list and the output write. Host only (the CUDA
+// kernels have their own, sketch.cu); per-element rules come from
+// sketch_math.h so both sides agree bit for bit.
 //
 // Why a separate pass shape: the per-element loop (test, set a bit, decompose,
-// min/max) ran at a quarter of memcpy's speed, branch- and latency-bound. Here
-// the scan builds each 64-bit bitmap word from 16 SSE compares (4 floats
-// each) and only the members -- the set bits, a few percent of the elements --
-// go through the scalar statistics, so the pass runs at the speed of reading
-// the input once.
+// min/max) ran at a quarter of memcpy's speed, branch- and latency-bound. The
+// scan builds each 64-bit bitmap word from vector compares and takes the
+// statistics as vector min/max, so it runs at about the speed of reading the
+// input once; the lists of a word's members are written by fixed runs of
+// stores rather than a loop whose exit depends on the data.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -26,39 +29,38 @@
 
 namespace shoal::sketch {
 
+// An allocator whose resize() leaves new elements uninitialised: for buffers
+// that are written in full right after (the member list, the f32 payload),
+// which std::allocator would zero first, a pass over them for nothing.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// The union's members, ascending (bitmapMembersFast writes every entry).
+using MemberList = std::vector<uint64_t, UninitializedAllocator<uint64_t>>;
+
 // This rank's round-0 statistics of one tensor: any finite nonzero value, the
 // highest (top) and lowest set bit positions over those, any Inf/NaN.
 struct LocalStats {
   bool any = false, nonfinite = false;
+  bool negativeZero = false;  // some element is -0 (scanIndex only): the in-place output must rewrite zeros
   int top = -1000, lowest = 1000;
 };
-
-// Bit k of the result: x[k] is nonzero (not +-0), for k < 64.
-inline uint64_t nonzeroMask64(const float* x) {
-#if defined(__SSE2__)
-  const __m128i magnitude = _mm_set1_epi32(0x7fffffff), zero = _mm_setzero_si128();
-  uint64_t mask = 0;
-  for (int k = 0; k < 64; k += 16) {
-    // Four vectors of four at a time: the four compares are independent.
-    __m128i a, b, c, d;
-    std::memcpy(&a, x + k, 16);
-    std::memcpy(&b, x + k + 4, 16);
-    std::memcpy(&c, x + k + 8, 16);
-    std::memcpy(&d, x + k + 12, 16);
-    const int za = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(a, magnitude), zero)));
-    const int zb = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, magnitude), zero)));
-    const int zc = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(c, magnitude), zero)));
-    const int zd = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(d, magnitude), zero)));
-    const uint64_t zeros16 = uint64_t(za) | uint64_t(zb) << 4 | uint64_t(zc) << 8 | uint64_t(zd) << 12;
-    mask |= (~zeros16 & 0xffffu) << k;
-  }
-  return mask;
-#else
-  uint64_t mask = 0;
-  for (int k = 0; k < 64; ++k) mask |= uint64_t(isNonzero(x[k])) << k;
-  return mask;
-#endif
-}
 
 // Folds one member's value into the statistics.
 inline void addMemberStat(float v, LocalStats& s) {
@@ -77,18 +79,6 @@ inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
   for (; mask; mask &= mask - 1) addMemberStat(x[__builtin_ctzll(mask)], s);
 }
 
-// addMemberStats, and x[0..64)'s members named by mask written at out in index
-// order (returns the end), in one loop over the set bits: one mispredicted
-// loop exit per word instead of two.
-inline float* addMembers(const float* x, uint64_t mask, LocalStats& s, float* out) {
-  for (; mask; mask &= mask - 1) {
-    const float v = x[__builtin_ctzll(mask)];
-    *out++ = v;
-    addMemberStat(v, s);
-  }
-  return out;
-}
-
 // Room for a tensor's nonzero values, allocated but not initialised (the
 // pages a sparse tensor never reaches are never touched).
 struct LocalValues {
@@ -96,40 +86,19 @@ struct LocalValues {
   size_t size = 0;
 };
 
-// Round 0 over one tensor: words[(count + 63) / 64] = the bitmap of x's
-// nonzeros (every word written, bits past count clear), and the statistics.
-// With values: this rank's nonzero values too, in index order, so that the
-// values round reads them sequentially (memberValues) instead of gathering
-// x at the union's members, a cache miss each once the tensor outgrows the
-// caches.
-inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues* values) {
-  LocalStats s;
-  float* out = nullptr;
-  if (values) {
-    values->data.reset(new float[count]);
-    out = values->data.get();
-  }
-  const size_t full = count / 64;
-  for (size_t w = 0; w < full; ++w) {
-    const float* block = x + 64 * w;
-    const uint64_t mask = nonzeroMask64(block);
-    words[w] = mask;
-    if (mask) {
-      if (out) out = addMembers(block, mask, s, out);
-      else addMemberStats(block, mask, s);
-    }
-  }
-  if (const size_t tail = count % 64; tail != 0) {
-    uint64_t mask = 0;
-    const float* block = x + 64 * full;
-    for (size_t k = 0; k < tail; ++k) mask |= uint64_t(isNonzero(block[k])) << k;
-    words[full] = mask;
-    if (out) out = addMembers(block, mask, s, out);
-    else addMemberStats(block, mask, s);
-  }
-  if (values) values->size = size_t(out - values->data.get());
-  return s;
-}
+// Round 0 over one tensor (sketch_host.cc): words[(count + 63) / 64] = the
+// bitmap of x's nonzeros (every word written, bits past count clear), and
+// the statistics. With values: this rank's nonzero values too, in index
+// order, so that the values round reads them sequentially (memberValues)
+// instead of gathering x at the union's members, a cache miss each once the
+// tensor outgrows the caches. Vectorised for the CPU it runs on.
+LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues* values);
+
+// The scan's implementations: the same words, values and statistics from each
+// (tests run every one the CPU has).
+enum class ScanPath { Portable, Sse41, Avx2 };
+bool scanPathAvailable(ScanPath path);
+LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* words, LocalValues* values);
 
 // This rank's value at every member of the union (U, from unionWords), in U's
 // order, into out[0..|U|): localValues[q] is the value of the q-th set bit of
@@ -140,36 +109,62 @@ inline LocalStats scanIndex(const float* x, size_t count, uint64_t* words, Local
 inline bool memberValues(const uint64_t* unionWords, const uint64_t* localWords, size_t nwords,
                          const float* localValues, size_t localCount, float* out) {
   size_t q = 0, p = 0;
+  // Words whose members are all this rank's are a straight copy, and along a
+  // run of them p - q stays fixed: out[from, p) = localValues[q - (p - from), q)
+  // goes as one memcpy when the run ends.
+  size_t from = 0;
+  auto copyRun = [&] {
+    if (p > from) std::memcpy(out + from, localValues + (q - (p - from)), (p - from) * sizeof(float));
+  };
   for (size_t k = 0; k < nwords; ++k) {
     const uint64_t all = unionWords[k], mine = localWords[k];
     if (mine & ~all) return false;
-    if (q + size_t(__builtin_popcountll(mine)) > localCount) return false;
-    if (mine == all) {  // every member here is this rank's: a straight copy
-      const int m = __builtin_popcountll(all);
-      for (int e = 0; e < m; ++e) out[p + e] = localValues[q + e];
-      p += size_t(m);
-      q += size_t(m);
+    const size_t m = size_t(__builtin_popcountll(mine));
+    if (q + m > localCount) return false;
+    if (mine == all) {
+      p += m;
+      q += m;
       continue;
     }
+    copyRun();
     for (uint64_t word = all; word; word &= word - 1) {
       const uint64_t bit = word & (0 - word);
       out[p++] = (mine & bit) ? localValues[q + size_t(__builtin_popcountll(mine & (bit - 1)))] : 0.0f;
     }
-    q += size_t(__builtin_popcountll(mine));
+    q += m;
+    from = p;
   }
+  copyRun();
   return true;
 }
 
 // The members of a bitmap index, ascending: counted first (popcount), so the
-// list is written once without regrowth.
-inline void bitmapMembersFast(const uint64_t* words, size_t count, std::vector<uint64_t>& members) {
+// list is written once without regrowth. Each word's positions go out in
+// fixed runs of eight stores (as the scan's values, sketch_host.cc: no loop
+// exit that depends on the word), the stores past the word's members into the
+// next word's place or the 8 spare entries at the end.
+template <class List>
+inline void bitmapMembersFast(const uint64_t* words, size_t count, List& members) {
   const size_t nwords = (count + 63) / 64;
   size_t total = 0;
   for (size_t k = 0; k < nwords; ++k) total += size_t(__builtin_popcountll(words[k]));
-  members.resize(total);
+  members.resize(total + 8);
   uint64_t* out = members.data();
-  for (size_t k = 0; k < nwords; ++k)
-    for (uint64_t word = words[k]; word; word &= word - 1) *out++ = k * 64 + uint64_t(__builtin_ctzll(word));
+  constexpr uint64_t kStop = uint64_t(1) << 63;  // keeps ctz defined once the word's members are used up
+  for (size_t k = 0; k < nwords; ++k) {
+    uint64_t word = words[k];
+    if (word == 0) continue;
+    const uint64_t base = k * 64;
+    const int n = __builtin_popcountll(word);
+    uint64_t* const end = out + n;
+    for (int e = 0; e < 8; ++e, word &= word - 1) out[e] = base + uint64_t(__builtin_ctzll(word | kStop));
+    if (n > 8) {
+      for (int e = 8; e < 16; ++e, word &= word - 1) out[e] = base + uint64_t(__builtin_ctzll(word | kStop));
+      for (uint64_t* o = out + 16; word; word &= word - 1) *o++ = base + uint64_t(__builtin_ctzll(word));
+    }
+    out = end;
+  }
+  members.resize(total);
 }
 
 // The dense output of a compact or sketch tensor: +0 off U, result[p] at

@@ -161,7 +161,8 @@ inline void bitmapMembers(const uint64_t* words, size_t count, std::vector<uint6
 }
 
 // The members of a Bloom index over [0, count), ascending (a superset of U).
-inline void bloomMembers(const uint64_t* words, size_t count, const BloomGeometry& b, std::vector<uint64_t>& members) {
+template <class List>
+inline void bloomMembers(const uint64_t* words, size_t count, const BloomGeometry& b, List& members) {
   members.clear();
   for (size_t i = 0; i < count; ++i)
     if (bloomTest(words, i, b)) members.push_back(i);

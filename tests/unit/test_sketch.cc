@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1008,6 +1009,82 @@ TEST(SketchChunks, OptionRefusedWithText) {
       EXPECT_NE(std::string(shoal_last_error(comm)).find("chunk"), std::string::npos) << shoal_last_error(comm);
     }
   });
+}
+
+
+// In place (the training path: DistributedOptimizer reduces each gradient in
+// its own buffer). With the bitmap index the output writes only the union's
+// members when this rank's input holds no -0 (off U it holds zeros already);
+// with a -0 there, or the Bloom index, the whole output. Every case's bits
+// equal the reference's (whose -0 sums the sketch returns as +0), on every
+// rank, for the one-piece and the chunked paths.
+TEST(SketchInPlace, MembersOnlyAndWholeOutputsExact) {
+  const int n = 3;
+  const size_t count = 100 * 32 + 17;  // rows of 32, then a partial bitmap word
+  // Row-sparse, as an embedding's gradient: each rank touches a tenth of the rows, whole.
+  Gen rows = [](int r, size_t i) -> float {
+    const bool touched = hash3(91, uint64_t(r), i / 32) % 10 == 0;
+    return touched ? randomValue(hash3(92, uint64_t(r), i), -20, 20) : 0.0f;
+  };
+  Gen sparse = sparseGen(93, n, 0.02, Overlap::Independent);
+  // -0 on rank 1: mostly off the union, sometimes where another rank holds a value.
+  Gen negZeros = [=](int r, size_t i) -> float { return r == 1 && i % 97 == 5 ? -0.0f : sparse(r, i); };
+  Gen withInf = [=](int r, size_t i) -> float {
+    return r == 2 && i == 70 ? -std::numeric_limits<float>::infinity() : rows(r, i);
+  };
+  Gen empty = [](int, size_t) -> float { return 0.0f; };
+  Gen dense = sparseGen(94, n, 1.0, Overlap::Independent);
+  const std::pair<const char*, Gen> inputs[] = {{"rows", rows},   {"sparse", sparse}, {"-0", negZeros},
+                                                {"inf", withInf}, {"empty", empty},   {"dense", dense}};
+  const char* options[] = {"values=auto", "values=sketch", "chunk=512", "index=bloom,expected_density=0.05"};
+  std::vector<std::vector<float>> wants;
+  for (const auto& input : inputs) {
+    std::vector<float> want = reference(input.second, n, count, SHOAL_SUM);
+    for (float& w : want)
+      if (w == 0.0f) w = 0.0f;  // +0
+    wants.push_back(std::move(want));
+  }
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    for (size_t c = 0; c < std::size(inputs); ++c) {
+      for (const char* o : options) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = inputs[c].second(rank, i);
+        shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+        opts.compressor = "sketch";
+        opts.compressor_options = o;
+        opts.compress_min_bytes = 0;
+        shoal_tensor_t t = shoal_tensor_1d(data.data(), count, SHOAL_F32);
+        ASSERT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
+        size_t bad = 0, first = count;
+        for (size_t i = 0; i < count; ++i)
+          if (bitsOf(data[i]) != bitsOf(wants[c][i])) first = std::min(first, i), ++bad;
+        EXPECT_EQ(bad, 0u) << inputs[c].first << ", " << o << ", rank " << rank << ", first at " << first;
+      }
+    }
+  });
+}
+
+// A union without any member while this rank holds a nonzero value cannot come
+// from an OR that included this rank: refused with text on every rank (the
+// in-place output would otherwise keep this rank's input there).
+TEST(SketchInPlace, EmptyUnionBesideThisRanksValuesRefused) {
+  const int n = 2;
+  const size_t count = 300;
+  auto fill = [=](int r, int, void* data) {
+    auto* x = static_cast<float*>(data);
+    for (size_t i = 0; i < count; ++i) x[i] = i % 7 == size_t(r) ? 1.5f : 0.0f;
+  };
+  CompressorRounds run(shoal::compressors::sketch(), n);
+  ASSERT_EQ(run.create({}), SHOAL_OK) << run.error(0);
+  ASSERT_EQ(run.start({{SHOAL_F32, {int64_t(count)}, ""}}, SHOAL_SUM, 0, fill), SHOAL_OK) << run.error(0);
+  const shoal_status_t status = run.run([](shoal::test::Delivered& d) {
+    if (d.round == 0 && d.payload == 0) std::fill(d.bytes.begin(), d.bytes.end(), uint8_t(0));
+  });
+  EXPECT_EQ(status, SHOAL_ERR_INTERNAL);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(run.status(r), SHOAL_OK) << "rank " << r;
+    EXPECT_NE(std::string(run.error(r)).find("the union is empty"), std::string::npos) << "rank " << r << ": " << run.error(r);
+  }
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
 // The sketch compressor's vectorised host passes (compressors/sketch/sketch_host.h)
-// against the per-element rules of sketch_math.h they replace.
+// (and sketch_host.cc) against the per-element rules of sketch_math.h they
+// replace, on every scan path the CPU has.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "compressors/sketch/sketch_host.h"
@@ -33,38 +38,151 @@ std::vector<float> sample(size_t count, double density, uint64_t seed, bool spec
   return x;
 }
 
+// Every scan path this CPU has (the portable loop always; SSE4.1 and AVX2 on x86).
+std::vector<ScanPath> scanPaths() {
+  std::vector<ScanPath> paths;
+  for (ScanPath p : {ScanPath::Portable, ScanPath::Sse41, ScanPath::Avx2})
+    if (scanPathAvailable(p)) paths.push_back(p);
+  return paths;
+}
+
+const char* pathName(ScanPath p) { return p == ScanPath::Portable ? "portable" : p == ScanPath::Sse41 ? "sse4.1" : "avx2"; }
+
+// scanIndexWith(path) against the per-element rule: words, values, statistics and the -0 flag.
+void expectScanMatchesRule(ScanPath path, const std::vector<float>& x, const std::string& what) {
+  const size_t count = x.size();
+  std::vector<uint64_t> expected((count + 63) / 64, 0), words((count + 63) / 64, ~uint64_t(0));
+  LocalStats want;
+  std::vector<float> values;
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], 4);
+    if (bits == 0x80000000u) want.negativeZero = true;
+    if (!isNonzero(x[i])) continue;
+    bitmapSet(expected.data(), i);
+    values.push_back(x[i]);
+    if (!isFinite(x[i])) {
+      want.nonfinite = true;
+      continue;
+    }
+    const FloatParts p = decompose(x[i]);
+    want.any = true;
+    want.top = std::max(want.top, p.top);
+    want.lowest = std::min(want.lowest, p.lowest);
+  }
+  const std::string where = what + ", " + pathName(path) + ", count " + std::to_string(count);
+  LocalValues got;
+  const LocalStats s = scanIndexWith(path, x.data(), count, words.data(), &got);
+  EXPECT_EQ(words, expected) << where;
+  EXPECT_EQ(s.any, want.any) << where;
+  EXPECT_EQ(s.nonfinite, want.nonfinite) << where;
+  EXPECT_EQ(s.negativeZero, want.negativeZero) << where;
+  EXPECT_EQ(s.top, want.top) << where;
+  EXPECT_EQ(s.lowest, want.lowest) << where;
+  ASSERT_EQ(got.size, values.size()) << where;
+  if (!values.empty())  // memcmp's pointers must not be null, even for 0 bytes
+    EXPECT_EQ(0, std::memcmp(got.data.get(), values.data(), values.size() * sizeof(float))) << where;
+  // Without values: the same words and statistics.
+  std::vector<uint64_t> again(words.size(), ~uint64_t(0));
+  const LocalStats t = scanIndexWith(path, x.data(), count, again.data(), nullptr);
+  EXPECT_EQ(again, expected) << where << ", no values";
+  EXPECT_EQ(t.top, want.top) << where << ", no values";
+  EXPECT_EQ(t.lowest, want.lowest) << where << ", no values";
+}
+
 TEST(SketchHost, ScanIndexMatchesPerElementRule) {
-  for (size_t count : {size_t(0), size_t(1), size_t(63), size_t(64), size_t(65), size_t(1000), size_t(4096 + 17)}) {
-    for (bool specials : {false, true}) {
-      const std::vector<float> x = sample(count, 0.05, count * 7 + specials, specials);
-      std::vector<uint64_t> expected((count + 63) / 64, 0), words((count + 63) / 64, ~uint64_t(0));
-      LocalStats want;
-      std::vector<float> values;
-      for (size_t i = 0; i < count; ++i) {
-        if (!isNonzero(x[i])) continue;
-        bitmapSet(expected.data(), i);
-        values.push_back(x[i]);
-        if (!isFinite(x[i])) {
-          want.nonfinite = true;
-          continue;
-        }
-        const FloatParts p = decompose(x[i]);
-        want.any = true;
-        want.top = std::max(want.top, p.top);
-        want.lowest = std::min(want.lowest, p.lowest);
-      }
-      LocalValues got;
-      const LocalStats s = scanIndex(x.data(), count, words.data(), &got);
-      EXPECT_EQ(words, expected) << count;
-      EXPECT_EQ(s.any, want.any);
-      EXPECT_EQ(s.nonfinite, want.nonfinite);
-      EXPECT_EQ(s.top, want.top);
-      EXPECT_EQ(s.lowest, want.lowest);
-      ASSERT_EQ(got.size, values.size());
-      if (!values.empty())  // memcmp's pointers must not be null, even for 0 bytes
-        EXPECT_EQ(0, std::memcmp(got.data.get(), values.data(), values.size() * sizeof(float)));
+  for (ScanPath path : scanPaths()) {
+    for (size_t count : {size_t(0), size_t(1), size_t(63), size_t(64), size_t(65), size_t(127), size_t(128),
+                         size_t(129), size_t(1000), size_t(4096 + 17)}) {
+      for (bool specials : {false, true})
+        for (double density : {0.01, 0.05, 0.5, 1.0})
+          expectScanMatchesRule(path, sample(count, density, count * 7 + specials + uint64_t(density * 100), specials),
+                                "sample " + std::to_string(density) + (specials ? " with Inf/NaN" : ""));
     }
   }
+  std::printf("scan paths tested:");
+  for (ScanPath path : scanPaths()) std::printf(" %s", pathName(path));
+  std::printf("\n");
+}
+
+TEST(SketchHost, ScanIndexEdges) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float tiny = std::numeric_limits<float>::denorm_min(), big = std::numeric_limits<float>::max();
+  for (ScanPath path : scanPaths()) {
+    // Words with exactly k members, k = 0..64, at random places (the value runs of 8 and 16 and the loop after).
+    std::mt19937_64 rng(41);
+    std::vector<float> x;
+    for (int k = 0; k <= 64; ++k) {
+      std::vector<int> lanes(64);
+      for (int l = 0; l < 64; ++l) lanes[l] = l;
+      std::shuffle(lanes.begin(), lanes.end(), rng);
+      std::vector<float> block(64, 0.0f);
+      for (int m = 0; m < k; ++m) block[lanes[m]] = float(int(rng() % 2001) - 1000) * 0x1p-10f + 0x1p-20f;
+      x.insert(x.end(), block.begin(), block.end());
+    }
+    expectScanMatchesRule(path, x, "k members a word");
+    x.push_back(3.0f);  // and a partial last word
+    expectScanMatchesRule(path, x, "k members a word, then a partial word");
+    // Zeros only: +0, -0 in a full word, -0 only in the partial word.
+    expectScanMatchesRule(path, std::vector<float>(200, 0.0f), "+0 only");
+    std::vector<float> z(200, 0.0f);
+    z[70] = -0.0f;
+    expectScanMatchesRule(path, z, "-0 in a full word");
+    z[70] = 0.0f;
+    z[199] = -0.0f;
+    expectScanMatchesRule(path, z, "-0 in the partial word");
+    z[199] = 0.0f;
+    z[5] = -0.0f;
+    z[6] = 1.0f;
+    expectScanMatchesRule(path, z, "-0 beside a member");
+    // The f32 range's ends: subnormals only, the largest finite, both together; signs.
+    std::vector<float> e(130, 0.0f);
+    e[1] = tiny;
+    e[66] = -tiny * 3.0f;
+    expectScanMatchesRule(path, e, "subnormals only");
+    e[100] = -big;
+    e[129] = 0x1p-126f;
+    expectScanMatchesRule(path, e, "subnormals and the largest finite");
+    std::vector<float> dense(256);
+    for (size_t i = 0; i < dense.size(); ++i) dense[i] = (i % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f + float(i) / 512, int(i % 200) - 100);
+    expectScanMatchesRule(path, dense, "dense words, exponents 2^-100..2^99");
+    // Inf/NaN: alone (no finite member), and beside finite values of every magnitude class.
+    for (float special : {inf, -inf, nan}) {
+      std::vector<float> s(70, 0.0f);
+      s[68] = special;
+      expectScanMatchesRule(path, s, "one Inf/NaN alone");
+      s[2] = 0x1p-140f;
+      s[40] = 0x1p100f;
+      expectScanMatchesRule(path, s, "Inf/NaN beside finite values");
+      std::vector<float> d = dense;
+      d[17] = special;
+      expectScanMatchesRule(path, d, "Inf/NaN in a dense word");
+    }
+  }
+}
+
+TEST(SketchHost, BitmapMembersEveryPopulation) {
+  // Words of every population 0..64 (the runs of 8 and 16 and the loop after), random words,
+  // and a count that ends inside the last word.
+  std::mt19937_64 rng(17);
+  std::vector<uint64_t> words;
+  for (int k = 0; k <= 64; ++k) {
+    uint64_t w = 0;
+    while (__builtin_popcountll(w) < k) w |= uint64_t(1) << (rng() % 64);
+    words.push_back(w);
+  }
+  for (int k = 0; k < 200; ++k) words.push_back(rng() & rng());
+  words.push_back(0x15);  // the last word: count ends 5 bits in
+  const size_t count = 64 * (words.size() - 1) + 5;
+  std::vector<uint64_t> fast, slow;
+  bitmapMembersFast(words.data(), count, fast);
+  bitmapMembers(words.data(), count, slow);
+  EXPECT_EQ(fast, slow);
+  std::vector<uint64_t> none(3, 0);
+  bitmapMembersFast(none.data(), 150, fast);
+  EXPECT_TRUE(fast.empty());
+  bitmapMembersFast(none.data(), 0, fast);
+  EXPECT_TRUE(fast.empty());
 }
 
 TEST(SketchHost, MemberValuesFollowTheUnion) {
