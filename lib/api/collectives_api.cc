@@ -80,11 +80,14 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
              shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
       const size_t count = checkedTensorElements(name, "input", *input);
-      const size_t outputCount = checkedTensorElements(name, "output", *output);
+      // An output of the input's shape (the usual call) passes the same
+      // check with the same count: only another shape is checked on its own.
+      const size_t outputCount = sameShape(*input, *output) ? count : checkedTensorElements(name, "output", *output);
       if (count != outputCount)
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
              name, count, outputCount);
-      size_t bytes = checkedBytes(name, "the tensor's element count", count, input->dtype);
+      // Within kMaxBufferBytes: checkedTensorElements refuses a larger product.
+      const size_t bytes = count * dtypeSize(input->dtype);
       checkBuffer(name, "input->data", input->data, bytes);
       checkBuffer(name, "output->data", output->data, bytes);
       checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);

@@ -267,7 +267,7 @@ void SharedSegment::failFromAbortWord(uint64_t word) {
 }
 
 void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Transport& transport,
-                            Deadline deadline) {
+                            const CallDeadline& deadline) {
   auto* header = reinterpret_cast<SlotHeader*>(slot(peer, static_cast<int>(number & 1)));
   auto flag = atomicAt(header->number);
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
@@ -278,6 +278,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
   auto arrived = [&] { return flag.load(std::memory_order_acquire) == number; };
   Clock::time_point yieldingSince{};
   Clock::duration sleep{};  // zero: yield
+  Deadline until{};  // the call's deadline: read (for the call) once a wait stops spinning
   for (long polls = 0;; ++polls) {
     if (arrived()) return;
     if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) {
@@ -290,6 +291,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
     }
     if (polls == spinPolls_) {
       yieldingSince = Clock::now();
+      until = deadline.from(yieldingSince);
       nextLivenessCheck = yieldingSince + kLivenessPeriod;
     }
     if (sleep > Clock::duration::zero()) std::this_thread::sleep_for(sleep);
@@ -298,7 +300,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
     Clock::time_point now = Clock::now();
     if (now - yieldingSince > kYieldPhase)
       sleep = std::clamp<Clock::duration>((now - yieldingSince) / 20, kSleepMin, kSleepMax);
-    if (now > deadline && !arrived())
+    if (now > until && !arrived())
       throw Error(SHOAL_ERR_TIMEOUT,
                   fmt::format("rank {} timed out (SHOAL_TIMEOUT_S) waiting for rank {} in the shared-memory {}: is "
                               "that rank alive and calling the same collective?",
@@ -323,7 +325,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
 }
 
 void SharedSegment::exchange(const Round& round, const void* data, size_t bytes, Transport& transport,
-                             Deadline deadline) {
+                             const CallDeadline& deadline) {
   if (aborted_) {
     uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
     if (word != 0) failFromAbortWord(word);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bootstrap/store.h"
+#include "core/deadline.h"
 #include "core/error.h"
 #include "transport/transport.h"
 
@@ -62,7 +63,7 @@ class SharedSegment {
   // still declaring the piece's size) and waits for every rank's slot of
   // the same round. Afterwards peerData(r) is rank r's data of this round.
   // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
-  void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, Deadline deadline);
+  void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, const CallDeadline& deadline);
   const uint8_t* peerData(int rank) const;
 
   // Throws when a rank gave up on the communicator (the abort word; MISMATCH
@@ -76,7 +77,7 @@ class SharedSegment {
 
  private:
   SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes, std::vector<long> pids);
-  void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, Deadline deadline);
+  void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, const CallDeadline& deadline);
   [[noreturn]] void failFromAbortWord(uint64_t word);
   uint8_t* slot(int rank, int parity) const;
 
