@@ -261,14 +261,6 @@ SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int siz
 
 SharedSegment::~SharedSegment() = default;
 
-uint8_t* SharedSegment::slot(int rank, int parity) const {
-  return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
-}
-
-const uint8_t* SharedSegment::peerData(int rank) const {
-  return slot(rank, static_cast<int>(rounds_ & 1)) + kHeaderBytes;
-}
-
 void SharedSegment::abort(const std::string& reason, shoal_status_t status) {
   if (aborted_) return;
   aborted_ = true;

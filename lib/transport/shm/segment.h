@@ -70,7 +70,7 @@ class SharedSegment {
   // the same round. Afterwards peerData(r) is rank r's data of this round.
   // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
   void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, const CallDeadline& deadline);
-  const uint8_t* peerData(int rank) const;
+  const uint8_t* peerData(int rank) const { return slot(rank, static_cast<int>(rounds_ & 1)) + kHeaderBytes; }
 
   // Throws when a rank gave up on the communicator (the abort word; MISMATCH
   // or REMOTE). One load: the end-of-call check of a call that ran through
@@ -88,7 +88,7 @@ class SharedSegment {
   // A peer's slot header (theirHeader) that differs from this round: MISMATCH
   // naming what differs (the signature, the sizes, or the call's sequence).
   [[noreturn]] void failRound(const Round& round, size_t bytes, int peer, const void* theirHeader);
-  uint8_t* slot(int rank, int parity) const;
+  uint8_t* slot(int rank, int parity) const { return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_; }
 
   std::shared_ptr<Mapping> mapping_;
   int rank_;
