@@ -27,10 +27,6 @@ SharedSegment& segmentOf(Context& context) {
   return *context.shm;
 }
 
-uint32_t callWord(const Context& context) {
-  return static_cast<uint32_t>((context.tagBase & kSignatureMask) >> kSignatureShift);
-}
-
 }  // namespace
 
 void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer) {
@@ -45,7 +41,7 @@ void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size
     uint8_t* piece = out + first * element;
     // The input goes straight into this rank's slot: out of place there is
     // no copy into recv first (every rank reduces from the slots).
-    shm.exchange({callWord(context), count, first, "allreduce", context.tagBase}, in + first * element, n * element,
+    shm.exchange({context.tagBase, count, first, "allreduce"}, in + first * element, n * element,
                  context.transport, context.deadline);
     if (context.size == 1) {
       if (piece != in + first * element) std::memcpy(piece, in + first * element, n * element);
@@ -68,7 +64,7 @@ void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
   const bool isRoot = context.rank == root;
   for (size_t first = 0; first < bytes; first += shm.slotBytes()) {
     const size_t n = std::min(shm.slotBytes(), bytes - first);
-    shm.exchange({callWord(context), bytes, first, "broadcast", context.tagBase}, isRoot ? data + first : nullptr, n,
+    shm.exchange({context.tagBase, bytes, first, "broadcast"}, isRoot ? data + first : nullptr, n,
                  context.transport, context.deadline);
     if (!isRoot) std::memcpy(data + first, shm.peerData(root), n);
   }
@@ -76,7 +72,7 @@ void broadcastShm(Context& context, void* buf, size_t bytes, int root) {
 }
 
 void barrierShm(Context& context) {
-  segmentOf(context).exchange({callWord(context), 0, 0, "barrier", context.tagBase}, nullptr, 0, context.transport, context.deadline);
+  segmentOf(context).exchange({context.tagBase, 0, 0, "barrier"}, nullptr, 0, context.transport, context.deadline);
   context.sharedSegmentOnly = true;
 }
 

@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/common/ring.h"
+#include "core/deadline.h"
 #include "transport/transport.h"
 
 namespace shoal {
@@ -45,7 +47,7 @@ struct Context {
   int rank;
   int size;
   uint64_t tagBase;     // signature | (sequence << kSubTagBits)
-  Deadline deadline;
+  CallDeadline deadline;  // read from the clock by the first wait that needs it
   size_t segmentBytes;  // pipelining unit of ring and chain algorithms
   Scratch& scratch;
   uint64_t nextSubTag = 0;
@@ -58,11 +60,11 @@ struct Context {
 
   // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.
-  Context(Transport& t, uint64_t sequence, Deadline d, size_t segment, Scratch& s, uint32_t signature = 0)
+  Context(Transport& t, uint64_t sequence, CallDeadline d, size_t segment, Scratch& s, uint32_t signature = 0)
       : transport(t), rank(t.rank()), size(t.size()),
         tagBase((uint64_t(signature) << kSignatureShift & kSignatureMask) |
                 ((sequence % kCollectiveSequences) << kSubTagBits)),
-        deadline(d), segmentBytes(segment), scratch(s) {}
+        deadline(std::move(d)), segmentBytes(segment), scratch(s) {}
 
   // Reserves `count` consecutive tags for one phase of an algorithm.
   uint64_t reserveTags(uint64_t count) {

@@ -149,8 +149,4 @@ Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), e
   divide_ = op == SHOAL_AVG ? entry.divide : nullptr;
 }
 
-void Reducer::finish(void* buf, size_t count, int worldSize) const {
-  if (divide_ != nullptr && worldSize > 1) divide_(buf, count, worldSize);
-}
-
 }  // namespace shoal

@@ -23,7 +23,9 @@ class Reducer {
     combineInto_(out, a, b, count);
   }
   // Avg only: buf[i] /= worldSize. A no-op for other ops.
-  void finish(void* buf, size_t count, int worldSize) const;
+  void finish(void* buf, size_t count, int worldSize) const {
+    if (divide_ != nullptr && worldSize > 1) divide_(buf, count, worldSize);
+  }
   size_t elementSize() const { return elementSize_; }
   shoal_dtype_t dtype() const { return dtype_; }
   shoal_op_t op() const { return op_; }

@@ -78,6 +78,9 @@ void checkDtype(const char* call, shoal_dtype_t dtype) {
 }
 
 void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
+  // A pair with loops is a valid dtype and op (one table load); anything else
+  // is named below, the dtype first.
+  if (isValidDtypeOp(dtype, op)) return;
   checkDtype(call, dtype);
   if (op < 0 || op >= SHOAL_OP_COUNT)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not a shoal_op_t; use SHOAL_SUM .. SHOAL_BXOR", call,

@@ -27,6 +27,15 @@ size_t checkedByteCount(const char* call, const char* what, size_t count, shoal_
 // valid (checked first).
 size_t checkedTensorElements(const char* call, const char* what, const shoal_tensor_t& tensor);
 
+// Whether two tensors have the same ndim (a valid one) and extents: then a
+// shape check of one holds for the other (dtypes are compared on their own).
+inline bool sameShape(const shoal_tensor_t& a, const shoal_tensor_t& b) {
+  if (a.ndim != b.ndim || a.ndim < 0 || a.ndim > SHOAL_MAX_DIMS) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] != b.shape[d]) return false;
+  return true;
+}
+
 // A wait's timeout in seconds: NaN is refused; <= 0 and +infinity mean the
 // communicator's deadline (`communicatorS`, SHOAL_TIMEOUT_S): shoal never
 // waits without one. Finite values above it are kept.

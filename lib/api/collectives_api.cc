@@ -36,6 +36,15 @@ bool sharedSegmentFor(const shoal_comm& c, size_t bytes) {
   return c.algorithm == "shm" || ((c.algorithm.empty() || c.algorithm == "auto") && bytes <= c.shmMaxBytes);
 }
 
+// A tensor in host memory: its kind read as the int a C caller stored, as
+// routeOf reads it (a value outside the enum is UB to load as the enum).
+bool isHostTensor(const shoal_tensor_t& tensor) {
+  int memory = 0;
+  static_assert(sizeof memory == sizeof tensor.memory);
+  std::memcpy(&memory, &tensor.memory, sizeof memory);
+  return memory == SHOAL_MEMORY_HOST;
+}
+
 }  // namespace
 }  // namespace shoal
 
@@ -69,22 +78,28 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
     shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
     // The driver routes the call by this (and adds a compressor's refusal).
-    MemoryRoute route = routeOf(name, {input, output});
+    // Host tensors (the common call) get the default route, which is what
+    // routeOf answers for them, without its walk over the list.
+    MemoryRoute route = isHostTensor(*input) && isHostTensor(*output) ? MemoryRoute{} : routeOf(name, {input, output});
     auto checks = [&] {
       if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", name,
              options->struct_size);
-      if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+      if (options != nullptr && options->struct_size == sizeof resolved) resolved = *options;  // inline, no memcpy call
+      else if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
       checkDtypeOp(name, input->dtype, op);
       if (output->dtype != input->dtype)
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
              shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
       const size_t count = checkedTensorElements(name, "input", *input);
-      const size_t outputCount = checkedTensorElements(name, "output", *output);
+      // An output of the input's shape (the usual call) passes the same
+      // check with the same count: only another shape is checked on its own.
+      const size_t outputCount = sameShape(*input, *output) ? count : checkedTensorElements(name, "output", *output);
       if (count != outputCount)
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; shapes must hold the same count",
              name, count, outputCount);
-      size_t bytes = checkedBytes(name, "the tensor's element count", count, input->dtype);
+      // Within kMaxBufferBytes: checkedTensorElements refuses a larger product.
+      const size_t bytes = count * dtypeSize(input->dtype);
       checkBuffer(name, "input->data", input->data, bytes);
       checkBuffer(name, "output->data", output->data, bytes);
       checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);

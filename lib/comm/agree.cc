@@ -50,6 +50,20 @@ const char* kindText(uint32_t kind) {
   return names[kind & ((1u << kKindBits) - 1)];
 }
 
+// The same text: the same view (the names a signature points at are kept
+// unchanged for the communicator's life: comm/agree.h), else the same bytes.
+bool sameText(std::string_view a, std::string_view b) {
+  return (a.data() == b.data() && a.size() == b.size()) || a == b;
+}
+
+// Every field word() hashes (a new field must be added here and there).
+bool sameSignature(const CallSignature& a, const CallSignature& b) {
+  static_assert(sizeof(CallSignature) == 88, "compare (and hash) every field of CallSignature");
+  return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.root == b.root && a.count == b.count &&
+         a.layout == b.layout && a.compressed == b.compressed && sameText(a.algorithm, b.algorithm) &&
+         sameText(a.compressor, b.compressor) && sameText(a.options, b.options);
+}
+
 }  // namespace
 
 std::string dtypeText(int dtype) {
@@ -111,15 +125,17 @@ CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int 
   return signature;
 }
 
-CallScope::CallScope(shoal_comm& comm, CallSignature signature)
-    : comm_(comm), saved_(comm.call), savedCurrent_(currentCall) {
+CallScope::CallScope(shoal_comm& comm, const CallSignature& signature) : comm_(comm), savedCurrent_(currentCall) {
+  if (comm.callScopes++ > 0) saved_.emplace(comm.call);
   comm.call = signature;
   comm.callWordValid = false;
   currentCall = &comm.call;
 }
 
 CallScope::~CallScope() {
-  comm_.call = saved_;
+  if (saved_) comm_.call = *saved_;
+  else comm_.call = CallSignature{};
+  --comm_.callScopes;
   comm_.callWordValid = false;
   currentCall = savedCurrent_;
 }
@@ -128,7 +144,13 @@ void refreshCallWord(shoal_comm& comm) { comm.callWordValid = false; }
 
 uint32_t currentCallWord(shoal_comm& comm) {
   if (!comm.callWordValid) {
-    comm.callWord = comm.call.word();
+    CallWordMemo& memo = comm.callWordMemo;
+    if (!memo.valid || !sameSignature(memo.signature, comm.call)) {
+      memo.signature = comm.call;
+      memo.word = comm.call.word();
+      memo.valid = true;
+    }
+    comm.callWord = memo.word;
     comm.callWordValid = true;
   }
   return comm.callWord;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -72,18 +73,29 @@ CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int 
 // Declares the call that a C entry point runs on a communicator: every
 // collective it runs (runCollective, comm/call.h) tags its messages with the
 // signature. Restores the previous one on exit (calls do not nest across
-// ranks, but the scope keeps a stray internal collective honest).
+// ranks, but the scope keeps a stray internal collective honest): the
+// outermost scope restores "no call" (the default signature); a nested one
+// (a CUDA call's host round) keeps its enclosing call's signature to restore.
 class CallScope {
  public:
-  CallScope(shoal_comm& comm, CallSignature signature);
+  CallScope(shoal_comm& comm, const CallSignature& signature);
   ~CallScope();
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
 
  private:
   shoal_comm& comm_;
-  CallSignature saved_;
+  std::optional<CallSignature> saved_;  // the enclosing scope's, where this one is nested
   const CallSignature* savedCurrent_;
+};
+
+// The last signature whose tag word a communicator computed, and the word:
+// a communicator's calls repeat, and the same signature again costs a
+// comparison instead of the hash (currentCallWord).
+struct CallWordMemo {
+  CallSignature signature;
+  uint32_t word = 0;
+  bool valid = false;
 };
 
 // Marks comm.call changed (the driver adds the compression decision once it

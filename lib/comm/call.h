@@ -44,7 +44,7 @@ inline void failCommunicator(shoal_comm& comm, const std::string& reason, shoal_
 // communicator (peers are told) and is rethrown.
 template <typename Body>
 void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, Body&& body) {
-  Context context(transport, sequence, deadlineAfter(comm.timeoutS), comm.segmentBytes, comm.scratch,
+  Context context(transport, sequence, CallDeadline(comm.timeoutS), comm.segmentBytes, comm.scratch,
                   currentCallWord(comm));
   if (&transport == comm.transport.get()) {
     context.hosts = comm.hosts.get();

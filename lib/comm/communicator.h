@@ -56,6 +56,8 @@ struct shoal_comm {
   shoal::CallSignature call;  // of the call running now (comm/agree.h): its messages carry callWord
   uint32_t callWord = 0;      // comm/agree.cc: currentCallWord()
   bool callWordValid = false;
+  int callScopes = 0;         // CallScopes open on it now (comm/agree.cc)
+  shoal::CallWordMemo callWordMemo;  // the last signature hashed into a word, and the word
   std::unique_ptr<shoal::Store> store;
   std::unique_ptr<shoal::Transport> transport;  // destroyed before the store
   std::string keyPrefix;   // this communicator's store keys (the NCCL unique id goes under it)

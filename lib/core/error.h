@@ -30,13 +30,16 @@ template <typename... Args>
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-// Saturates: a huge (or infinite) number of seconds is the farthest representable
-// time, not an overflow into the past that would make every wait fail at once.
-inline Deadline deadlineAfter(double seconds) {
+// `seconds` after `now`. Saturates: a huge (or infinite) number of seconds is
+// the farthest representable time, not an overflow into the past that would
+// make every wait fail at once.
+inline Deadline deadlineFrom(Clock::time_point now, double seconds) {
   constexpr double kFarthest = 1e9;  // about 31 years; far below the clock's range
   if (!(seconds < kFarthest)) seconds = seconds != seconds ? 0 : kFarthest;  // NaN: now
   if (!(seconds > 0)) seconds = 0;
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
+
+inline Deadline deadlineAfter(double seconds) { return deadlineFrom(Clock::now(), seconds); }
 
 }  // namespace shoal

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "aggregate/client.h"
 #include "collectives/allreduce/hierarchical.h"
@@ -511,15 +512,24 @@ std::string acrossHostsWords(const shoal_compressor_t& table, const std::vector<
   return "|across hosts";
 }
 
+// What shoal_last_compress_stats reports after a plain allreduce: `bytes` in,
+// nothing compressed. The compressor's name is rewritten only when the last
+// call's was another (a plain call in a loop builds no string).
+void notePlainStats(CompressStats& last, uint64_t bytes) {
+  if (std::string_view(last.compressor) != "none") last.compressor = "none";
+  last.inputBytes = bytes;
+  last.payloadBytes = 0;
+  last.wireBytes = 0;  // not tracked for the plain path
+  last.rounds = 0;
+  last.acrossHostsOnly = false;
+}
+
 }  // namespace
 
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
                      shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
   const size_t count = plugin::elementsCount(input);
   const size_t bytes = count * dtypeSize(input.dtype);
-  CompressStats stats;
-  stats.inputBytes = bytes;
-
   // A call that names no compressor (or "none") and no options, where the
   // environment names none either, runs plain: no choice to resolve (name ""
   // below). resolveCompressor gives such a call "none" without options.
@@ -562,9 +572,12 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   // tensors of at least one element per rank of a host, or for row shards
   // (SHOAL_CAP_MATRIX: powersgd's matrices) one row. Stateful compressors
   // keep their state per (tensor, shard).
-  std::vector<shoal_compress_tensor_t> tensors(1);
-  tensors[0].input = input;
-  tensors[0].output = output;
+  std::vector<shoal_compress_tensor_t> tensors;  // the compressed paths' (a plain call allocates nothing)
+  if (compress) {
+    tensors.resize(1);
+    tensors[0].input = input;
+    tensors[0].output = output;
+  }
   const bool acrossHosts = compress && !route.cuda && runsAcrossHosts(comm, instance->table(), tensors, bytes);
   if (comm.call.kind == CallKind::Allreduce) {
     comm.call.compressed = compress;
@@ -579,15 +592,17 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   }
   if (!compress && route.cuda) {
     cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
-    comm.lastStats = stats;
+    notePlainStats(comm.lastStats, bytes);
     return;
   }
   if (!compress) {
     plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op);
-    stats.wireBytes = 0;  // not tracked for the plain path
-    comm.lastStats = stats;
+    notePlainStats(comm.lastStats, bytes);
     return;
   }
+
+  CompressStats stats;
+  stats.inputBytes = bytes;
 
   // Unnamed tensors of a stateful compressor get a deterministic key from
   // their output buffer, dtype and shape (CompressorCache::unnamedKey), so

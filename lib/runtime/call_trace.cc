@@ -38,11 +38,11 @@ std::string compressorDecision(const CompressStats& stats) {
 
 CallTrace::CallTrace(shoal_comm& comm, const char* call) : comm_(comm), call_(call) {
   debug_ = log::threshold() >= log::Level::Debug;
-  timeline_ = comm.engine && comm.engine->timeline() != nullptr;
+  timeline_ = comm.engine && !comm.engine->writesNoTimeline() && comm.engine->timeline() != nullptr;
   if (!debug_ && !timeline_) return;
   begin_ = Clock::now();
   sentBefore_ = comm.transport ? comm.transport->bytesSent() : 0;
-  saved_ = comm.lastStats;
+  saved_.emplace(comm.lastStats);
   comm.lastStats.rounds = kNotAnAllreduce;
 }
 
@@ -50,7 +50,7 @@ CallTrace::~CallTrace() {
   if (!debug_ && !timeline_) return;
   const Clock::time_point end = Clock::now();
   const bool allreduce = comm_.lastStats.rounds != kNotAnAllreduce;
-  if (!allreduce) comm_.lastStats = saved_;
+  if (!allreduce) comm_.lastStats = *saved_;
   const CompressStats& stats = comm_.lastStats;
   const uint64_t sent = comm_.transport ? comm_.transport->bytesSent() - sentBefore_ : 0;
   try {

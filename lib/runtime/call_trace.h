@@ -2,10 +2,11 @@
 // runtime/blocking.h), on the thread that runs the call's body: a BLOCKING_CALL
 // span in the SHOAL_TIMELINE trace (rank 0) and, at SHOAL_LOG_LEVEL=debug, one
 // line per call with its bytes, algorithm and compressor decision.
-// Costs nothing more than two checks when neither is on.
+// Costs two predictable checks when neither is on, and builds nothing.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -29,7 +30,9 @@ class CallTrace {
   bool ok_ = false;
   Clock::time_point begin_;
   uint64_t sentBefore_ = 0;
-  CompressStats saved_;  // the previous allreduce's stats, restored for calls that are not allreduces
+  // The previous allreduce's stats, restored for calls that are not allreduces;
+  // made only when the call is traced (an untraced call builds no strings).
+  std::optional<CompressStats> saved_;
 };
 
 }  // namespace shoal::runtime

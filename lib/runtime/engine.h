@@ -88,6 +88,9 @@ class Engine {
   // unset, once the runtime stopped, or when the file cannot be written
   // (timelineError() says why).
   Timeline* timeline();
+  // True once it is known that timeline() is nullptr: one inline load, for
+  // the check every blocking call makes (CallTrace).
+  bool writesNoTimeline() const { return noTimeline_.load(std::memory_order_acquire); }
   std::string timelineError();
 
  private:

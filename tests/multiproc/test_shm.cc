@@ -129,7 +129,8 @@ void put(const DType& t, std::vector<uint8_t>& buffer, size_t i, long double v) 
 }
 
 // One allreduce of `count` elements checked against the model; "" or what went wrong.
-std::string checkedAllreduce(shoal_comm_t comm, int rank, int size, const DType& t, shoal_op_t op, size_t count) {
+std::string checkedAllreduce(shoal_comm_t comm, int rank, int size, const DType& t, shoal_op_t op, size_t count,
+                             bool inPlace) {
   std::vector<uint8_t> input(count * t.bytes), expected(count * t.bytes), output(count * t.bytes, 0xee);
   for (size_t i = 0; i < count; ++i) {
     put(t, input, i, inputValue(t, op, rank, size, i));
@@ -138,7 +139,6 @@ std::string checkedAllreduce(shoal_comm_t comm, int rank, int size, const DType&
     if (op == SHOAL_AVG) folded /= size;
     put(t, expected, i, folded);
   }
-  bool inPlace = count % 2 == 1;  // both forms
   if (inPlace) output = input;
   shoal_status_t status =
       shoal_allreduce(comm, inPlace ? output.data() : input.data(), output.data(), count, t.id, op);
@@ -146,7 +146,8 @@ std::string checkedAllreduce(shoal_comm_t comm, int rank, int size, const DType&
     return std::string("allreduce ") + t.name + " " + shoal_op_name(op) + " count " + std::to_string(count) +
            " failed: " + shoal_last_error(comm);
   if (output != expected)
-    return std::string("wrong result: ") + t.name + " " + shoal_op_name(op) + " count " + std::to_string(count);
+    return std::string("wrong result: ") + t.name + " " + shoal_op_name(op) + " count " + std::to_string(count) +
+           (inPlace ? " in place" : " out of place");
   return "";
 }
 
@@ -157,7 +158,8 @@ int exactEverywhere(int rank, shoal_comm_t comm, std::ostream& out, int size) {
       if (isBitwise(static_cast<shoal_op_t>(op)) && t.isFloat) continue;
       for (size_t count : {size_t(0), size_t(1), size_t(7), atThreshold - 1, atThreshold, atThreshold + 1,
                            3 * atThreshold + 5}) {
-        std::string problem = checkedAllreduce(comm, rank, size, t, static_cast<shoal_op_t>(op), count);
+        std::string problem =
+            checkedAllreduce(comm, rank, size, t, static_cast<shoal_op_t>(op), count, count % 2 == 1);  // both forms
         if (!problem.empty()) {
           out << problem << "\n";
           return 5;
@@ -187,6 +189,63 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ShmExact,
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });
+
+// The slot's layout (lib/transport/shm/segment.h): a 32-byte header with the
+// data right behind it, so that a piece of up to 32 bytes shares the header's
+// cache line and a longer one runs on into the next lines. Every dtype and op
+// at the edges: one element short of the header's line, exactly filling it,
+// one element past it (for the 1-byte dtypes: one byte), and the same around
+// the end of the second line (96 bytes), in place and out of place; and
+// broadcasts of a line's bytes and one more, from every root.
+constexpr size_t kHeaderLineBytes = 32;  // SharedSegment::kInlineBytes
+constexpr size_t kTwoLinesBytes = kHeaderLineBytes + 64;
+
+int exactAtTheLineEdges(int rank, shoal_comm_t comm, std::ostream& out, int size) {
+  for (const DType& t : shoal::test::kDtypes) {
+    for (size_t bytes : {kHeaderLineBytes - t.bytes, kHeaderLineBytes, kHeaderLineBytes + t.bytes,
+                         kTwoLinesBytes - t.bytes, kTwoLinesBytes, kTwoLinesBytes + t.bytes}) {
+      for (int op = 0; op < SHOAL_OP_COUNT; ++op) {
+        if (isBitwise(static_cast<shoal_op_t>(op)) && t.isFloat) continue;
+        for (bool inPlace : {false, true}) {
+          std::string problem =
+              checkedAllreduce(comm, rank, size, t, static_cast<shoal_op_t>(op), bytes / t.bytes, inPlace);
+          if (!problem.empty()) {
+            out << problem << "\n";
+            return 5;
+          }
+        }
+      }
+    }
+  }
+  for (size_t bytes : {kHeaderLineBytes, kHeaderLineBytes + 1}) {
+    for (int root = 0; root < size; ++root) {
+      std::vector<uint8_t> data(bytes, 0);
+      if (rank == root)
+        for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(root * 31 + i + 1);
+      if (shoal_broadcast(comm, data.data(), data.data(), bytes, SHOAL_U8, root) != SHOAL_OK) {
+        out << "broadcast of " << bytes << " bytes from " << root << " failed: " << shoal_last_error(comm) << "\n";
+        return 3;
+      }
+      for (size_t i = 0; i < bytes; ++i)
+        if (data[i] != static_cast<uint8_t>(root * 31 + i + 1)) {
+          out << "broadcast of " << bytes << " bytes from " << root << ": wrong byte " << i << "\n";
+          return 5;
+        }
+    }
+  }
+  return 0;
+}
+
+TEST(ShmInline, EveryDtypeOpAndPlaceAtTheHeaderLinesEdges) {
+  for (int size : {2, 3}) {
+    Job job;
+    job.size = size;
+    auto results = runJob(job, [size](int rank, shoal_comm_t comm, std::ostream& out) {
+      return exactAtTheLineEdges(rank, comm, out, size);
+    });
+    for (const RankResult& result : results) EXPECT_EQ(result.exitCode, 0) << size << " ranks\n" << describe(results);
+  }
+}
 
 // A call whose arguments differ on one rank fails with MISMATCH on every rank.
 void expectMismatchEverywhere(const std::function<void(int rank, shoal_dtype_t& dtype, shoal_op_t& op, size_t& count)>&

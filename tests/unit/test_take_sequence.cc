@@ -8,6 +8,7 @@
 // the segment counts its own rounds).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -74,5 +75,41 @@ TEST_P(TakeSequencePaths, ANumberOneRankTookAloneFailsEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, TakeSequencePaths, ::testing::Values("ring", "shm"),
                          [](const auto& info) { return std::string(info.param); });
+
+// The same drift at the shared segment's layout edges (lib/transport/shm: a
+// piece of up to 32 bytes shares its slot header's cache line, a longer one
+// runs on into the next lines): a piece exactly filling the header's line,
+// one a byte past it, and the same at the second line's end fail as a
+// one-element call does, at once and with text.
+TEST(TakeSequenceShm, ADriftIsMismatchAtOnceAtTheHeaderLinesEdges) {
+  for (size_t bytes : {size_t(32), size_t(33), size_t(96), size_t(97)}) {
+    std::vector<shoal_status_t> status(2, SHOAL_OK);
+    std::vector<double> seconds(2, 0);
+    std::vector<std::string> text(2);
+    std::vector<uint8_t> last(2, 0);
+    runRanks(2, [&](int rank, shoal_comm_t comm) {
+      std::vector<uint8_t> value(bytes, static_cast<uint8_t>(rank + 1)), sum(bytes, 0);
+      ASSERT_EQ(shoal_allreduce(comm, value.data(), sum.data(), bytes, SHOAL_U8, SHOAL_SUM), SHOAL_OK)
+          << shoal_last_error(comm);
+      ASSERT_EQ(sum[0], 3);
+      ASSERT_EQ(sum[bytes - 1], 3);
+      if (rank == 1) shoal::takeSequence(*comm);  // a round rank 0 did not run
+      std::fill(sum.begin(), sum.end(), 0);
+      const auto start = std::chrono::steady_clock::now();
+      status[rank] = shoal_allreduce(comm, value.data(), sum.data(), bytes, SHOAL_U8, SHOAL_SUM);
+      seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      text[rank] = shoal_last_error(comm);
+      last[rank] = sum[bytes - 1];
+    }, RankOptions{"shm", kTimeoutS});
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(status[rank], SHOAL_ERR_MISMATCH)
+          << bytes << " bytes, rank " << rank << ": " << shoal_status_string(status[rank]) << ": " << text[rank];
+      EXPECT_LT(seconds[rank], 1.0) << bytes << " bytes, rank " << rank;
+      EXPECT_NE(text[rank].find("different calls"), std::string::npos) << bytes << " bytes, rank " << rank << ": "
+                                                                        << text[rank];
+      EXPECT_NE(last[rank], 3) << bytes << " bytes, rank " << rank << " paired calls of different numbers";
+    }
+  }
+}
 
 }  // namespace

@@ -42,26 +42,52 @@ struct Control {
   alignas(kLine) uint64_t abortWord;  // 0, or (status << 32) | (rank + 1) of the first rank that gave up
 };
 
-// A slot's header, one cache line in front of its data.
+// A slot's header, in the first half of its first cache line; the data
+// follows it directly (SharedSegment::kHeaderBytes). A piece of up to
+// kInlineBytes (32) therefore shares the line with its round number and tag:
+// a reader that sees the number has the data too, one line moved between
+// cores instead of a flag line and then a data line (the layout of NCCL's LL
+// protocol and Open MPI vader's fast boxes: data next to its flag).
 struct SlotHeader {
-  uint64_t number;  // the round whose data the slot holds (release-stored last)
-  uint32_t word;
-  uint32_t unused;
-  uint64_t count;
-  uint64_t offset;
-  uint64_t bytes;
-  uint64_t tag;  // the call's transport tag: its signature and sequence number
+  uint32_t number;  // the round (mod 2^32) whose data the slot holds: release-stored last
+  uint32_t bytes;   // of this round's piece (a slot holds at most 2^26: SHOAL_SHM_MAX_BYTES)
+  uint64_t tag;     // the call's transport tag: its signature word and sequence number
+  uint64_t count;   // elements of the whole call
+  uint64_t offset;  // first element of this round's piece
 };
-static_assert(sizeof(SlotHeader) <= kLine);
+static_assert(sizeof(SlotHeader) == SharedSegment::kHeaderBytes);
+static_assert(SharedSegment::kHeaderBytes + SharedSegment::kInlineBytes == kLine);
 
 size_t abortTextOffset() { return roundUp(sizeof(Control), kLine); }
 size_t slotsOffset(int size) { return roundUp(abortTextOffset() + size_t(size) * kAbortTextBytes, 4096); }
-size_t slotStrideFor(size_t slotBytes) { return kLine + roundUp(slotBytes, kLine); }
+// Slots start on a cache line: the header, then the data, to the next line.
+size_t slotStrideFor(size_t slotBytes) { return roundUp(SharedSegment::kHeaderBytes + slotBytes, kLine); }
 size_t segmentBytes(int size, size_t slotBytes) {
   return roundUp(slotsOffset(size) + size_t(size) * 2 * slotStrideFor(slotBytes), 4096);
 }
 
 std::atomic_ref<uint64_t> atomicAt(uint64_t& word) { return std::atomic_ref<uint64_t>(word); }
+std::atomic_ref<uint32_t> atomicAt(uint32_t& word) { return std::atomic_ref<uint32_t>(word); }
+
+// memcpy of a piece that fits the header's line, inline: a head and a tail
+// word that may overlap, instead of a library call (for a small call's few
+// bytes the call cost more than the copy).
+inline void copyInline(uint8_t* to, const uint8_t* from, size_t n) {
+  if (n >= 16) {
+    std::memcpy(to, from, 16);
+    std::memcpy(to + n - 16, from + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(to, from, 8);
+    std::memcpy(to + n - 8, from + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(to, from, 4);
+    std::memcpy(to + n - 4, from + n - 4, 4);
+  } else if (n > 0) {
+    to[0] = from[0];
+    to[n / 2] = from[n / 2];
+    to[n - 1] = from[n - 1];
+  }
+}
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -132,6 +158,8 @@ std::unique_ptr<SharedSegment> SharedSegment::open(Store& store, const std::stri
     return nullptr;
   };
   if (slotBytes == 0) return refuse("disabled (SHOAL_SHM_MAX_BYTES=0)");
+  if (slotBytes > kMaxSlotBytes)
+    return refuse(fmt::format("a slot of {} bytes is larger than the segment allows ({})", slotBytes, kMaxSlotBytes));
   const Deadline deadline = deadlineAfter(timeoutS);
   const std::string prefix = keyPrefix + "shm/";
   const size_t bytes = segmentBytes(size, slotBytes);
@@ -233,14 +261,6 @@ SharedSegment::SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int siz
 
 SharedSegment::~SharedSegment() = default;
 
-uint8_t* SharedSegment::slot(int rank, int parity) const {
-  return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_;
-}
-
-const uint8_t* SharedSegment::peerData(int rank) const {
-  return slot(rank, static_cast<int>(rounds_ & 1)) + kLine;
-}
-
 void SharedSegment::abort(const std::string& reason, shoal_status_t status) {
   if (aborted_) return;
   aborted_ = true;
@@ -267,7 +287,7 @@ void SharedSegment::failFromAbortWord(uint64_t word) {
 }
 
 void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Transport& transport,
-                            Deadline deadline) {
+                            const CallDeadline& deadline) {
   auto* header = reinterpret_cast<SlotHeader*>(slot(peer, static_cast<int>(number & 1)));
   auto flag = atomicAt(header->number);
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
@@ -275,9 +295,11 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
   // A failure seen while waiting counts only if the flag still has not come:
   // a rank that was descheduled may find its peers already past this round
   // and failed in a later call, and this round's data is complete.
-  auto arrived = [&] { return flag.load(std::memory_order_acquire) == number; };
+  const auto expected = static_cast<uint32_t>(number);
+  auto arrived = [&] { return flag.load(std::memory_order_acquire) == expected; };
   Clock::time_point yieldingSince{};
   Clock::duration sleep{};  // zero: yield
+  Deadline until{};  // the call's deadline: read (for the call) once a wait stops spinning
   for (long polls = 0;; ++polls) {
     if (arrived()) return;
     if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) {
@@ -290,6 +312,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
     }
     if (polls == spinPolls_) {
       yieldingSince = Clock::now();
+      until = deadline.from(yieldingSince);
       nextLivenessCheck = yieldingSince + kLivenessPeriod;
     }
     if (sleep > Clock::duration::zero()) std::this_thread::sleep_for(sleep);
@@ -298,7 +321,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
     Clock::time_point now = Clock::now();
     if (now - yieldingSince > kYieldPhase)
       sleep = std::clamp<Clock::duration>((now - yieldingSince) / 20, kSleepMin, kSleepMax);
-    if (now > deadline && !arrived())
+    if (now > until && !arrived())
       throw Error(SHOAL_ERR_TIMEOUT,
                   fmt::format("rank {} timed out (SHOAL_TIMEOUT_S) waiting for rank {} in the shared-memory {}: is "
                               "that rank alive and calling the same collective?",
@@ -322,8 +345,35 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
   }
 }
 
+// The tag's signature bits: the call's word (comm/agree.h), for error text.
+namespace {
+uint32_t signatureWord(uint64_t tag) { return static_cast<uint32_t>((tag & kSignatureMask) >> kSignatureShift); }
+}  // namespace
+
+void SharedSegment::failRound(const Round& round, size_t bytes, int peer, const void* theirHeader) {
+  const auto* theirs = static_cast<const SlotHeader*>(theirHeader);
+  const uint32_t mine = signatureWord(round.tag), their = signatureWord(theirs->tag);
+  if (their != mine) throw Error(SHOAL_ERR_MISMATCH, describeSignatureMismatch(rank_, peer, mine, their));
+  if (theirs->count != round.count || theirs->offset != round.offset || theirs->bytes != bytes)
+    throw Error(SHOAL_ERR_MISMATCH,
+                fmt::format("ranks disagree on a call: in the shared-memory {}, rank {} has {} elements (this "
+                            "piece: {} bytes from element {}), rank {} has {} ({} bytes from element {}). Every "
+                            "rank must make the same calls in the same order with the same arguments",
+                            round.what, rank_, round.count, bytes, round.offset, peer, theirs->count, theirs->bytes,
+                            theirs->offset));
+  // The segment counts its own rounds, so ranks whose sequence numbers
+  // drifted apart (a call or an internal round made on one rank only) would
+  // still meet here: the tag carries the number and tells them apart.
+  throw Error(SHOAL_ERR_MISMATCH,
+              fmt::format("ranks are in different calls: in the shared-memory {}, rank {} has call tag {:#x} and "
+                          "rank {} has {:#x} (the same collective, but not the same call of the communicator: one "
+                          "rank made a call, or ran an internal round, that the other did not). Every rank must make "
+                          "the same calls in the same order",
+                          round.what, rank_, round.tag, peer, theirs->tag));
+}
+
 void SharedSegment::exchange(const Round& round, const void* data, size_t bytes, Transport& transport,
-                             Deadline deadline) {
+                             const CallDeadline& deadline) {
   if (aborted_) {
     uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
     if (word != 0) failFromAbortWord(word);
@@ -331,43 +381,34 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   if (bytes > slotBytes_)
     fail(SHOAL_ERR_INTERNAL, "shared-memory round of {} bytes exceeds the slot's {}", bytes, slotBytes_);
   const uint64_t number = ++rounds_;
+  const auto published = static_cast<uint32_t>(number);
   const int parity = static_cast<int>(number & 1);
   uint8_t* mine = slot(rank_, parity);
   auto* header = reinterpret_cast<SlotHeader*>(mine);
-  if (bytes > 0 && data != nullptr) std::memcpy(mine + kLine, data, bytes);
-  header->word = round.word;
+  // The data right behind the header: up to kInlineBytes of it in the
+  // header's line, which the number's release-store publishes with it.
+  if (data != nullptr) {
+    if (bytes <= kInlineBytes) copyInline(mine + kHeaderBytes, static_cast<const uint8_t*>(data), bytes);
+    else std::memcpy(mine + kHeaderBytes, data, bytes);
+  }
+  header->bytes = static_cast<uint32_t>(bytes);
+  header->tag = round.tag;
   header->count = round.count;
   header->offset = round.offset;
-  header->bytes = bytes;
-  header->tag = round.tag;
-  atomicAt(header->number).store(number, std::memory_order_release);
+  atomicAt(header->number).store(published, std::memory_order_release);
   try {
     for (int step = 1; step < size_; ++step) {
       // Staggered: not every rank polls rank 0 first ((rank + step) mod size, without dividing).
       const int peer = rank_ + step < size_ ? rank_ + step : rank_ + step - size_;
       auto* theirs = reinterpret_cast<SlotHeader*>(slot(peer, parity));
       // A peer already there costs one load; waitFor() spins, yields and checks.
-      if (atomicAt(theirs->number).load(std::memory_order_acquire) != number)
+      if (atomicAt(theirs->number).load(std::memory_order_acquire) != published)
         waitFor(peer, number, round, transport, deadline);
-      if (theirs->word != round.word)
-        throw Error(SHOAL_ERR_MISMATCH, describeSignatureMismatch(rank_, peer, round.word, theirs->word));
-      if (theirs->count != round.count || theirs->offset != round.offset || theirs->bytes != bytes)
-        throw Error(SHOAL_ERR_MISMATCH,
-                    fmt::format("ranks disagree on a call: in the shared-memory {}, rank {} has {} elements (this "
-                                "piece: {} bytes from element {}), rank {} has {} ({} bytes from element {}). Every "
-                                "rank must make the same calls in the same order with the same arguments",
-                                round.what, rank_, round.count, bytes, round.offset, peer, theirs->count,
-                                theirs->bytes, theirs->offset));
-      // The segment counts its own rounds, so ranks whose sequence numbers
-      // drifted apart (a call or an internal round made on one rank only)
-      // would still meet here: the tag carries the number and tells them apart.
-      if (theirs->tag != round.tag)
-        throw Error(SHOAL_ERR_MISMATCH,
-                    fmt::format("ranks are in different calls: in the shared-memory {}, rank {} has call tag {:#x} "
-                                "and rank {} has {:#x} (the same collective, but not the same call of the "
-                                "communicator: one rank made a call, or ran an internal round, that the other did "
-                                "not). Every rank must make the same calls in the same order",
-                                round.what, rank_, round.tag, peer, theirs->tag));
+      // The signature, count, offset, piece size and sequence number, in one
+      // test; failRound says which differs.
+      if ((theirs->tag ^ round.tag) | (theirs->count ^ round.count) | (theirs->offset ^ round.offset) |
+          (theirs->bytes ^ bytes))
+        failRound(round, bytes, peer, theirs);
     }
   } catch (const Error& error) {
     abort(error.what(), error.status());

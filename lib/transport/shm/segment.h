@@ -3,14 +3,15 @@
 // (the model is Open MPI's sm/vader collectives and NCCL's LL protocol).
 //
 // Each rank owns two slots, one per parity of the round number: a header
-// (round number, the call's signature word, count, offset) and data. A round
-// is: write your data and header into your slot of this parity, release-store
-// the round number, then wait (acquire) until every rank's slot of this parity
-// shows the same round. Reading peers' slots afterwards is safe until round
-// + 2 overwrites them, and no rank can start round + 2 before every rank has
-// published round + 1, which each does only after it finished reading round:
-// so the next round's flags are the "done" flags, and a round costs one store
-// and N loads of a flag.
+// (round number, the call's tag, count, offset) and the data right behind it,
+// so that a piece of up to kInlineBytes travels in the header's cache line. A
+// round is: write your data and header into your slot of this parity,
+// release-store the round number, then wait (acquire) until every rank's slot
+// of this parity shows the same round. Reading peers' slots afterwards is
+// safe until round + 2 overwrites them, and no rank can start round + 2
+// before every rank has published round + 1, which each does only after it
+// finished reading round: so the next round's flags are the "done" flags, and
+// a round costs one store and N loads of a flag.
 //
 // Failure: a rank that gives up writes an abort word (and its reason) into the
 // segment so that the others fail at once; a peer whose process is gone, a
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "bootstrap/store.h"
+#include "core/deadline.h"
 #include "core/error.h"
 #include "transport/transport.h"
 
@@ -33,6 +35,11 @@ namespace shoal {
 class SharedSegment {
  public:
   struct Mapping;  // the mapped memory, shared by the ranks of one process (segment.cc)
+  // A slot: a header of kHeaderBytes, then the data, from a cache line's
+  // start; a piece of up to kInlineBytes shares the header's line.
+  static constexpr size_t kHeaderBytes = 32;
+  static constexpr size_t kInlineBytes = 64 - kHeaderBytes;
+  static constexpr size_t kMaxSlotBytes = size_t(1) << 31;  // a piece's size is a 32-bit field
 
   // Called by every rank of a communicator at init (after the transport
   // connected, with the same store and key prefix). Returns the segment when
@@ -49,21 +56,21 @@ class SharedSegment {
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
 
-  // What every rank of one round declares; the signature word, count and
-  // offset must agree between ranks (else SHOAL_ERR_MISMATCH).
+  // What every rank of one round declares; the call's tag (its signature
+  // word and sequence number), the count and the offset must agree between
+  // ranks (else SHOAL_ERR_MISMATCH).
   struct Round {
-    uint32_t word = 0;      // the call's signature (api/agree.h currentCallWord)
+    uint64_t tag = 0;       // the call's transport tag: a peer in another call shows there (checkForOtherCalls)
     uint64_t count = 0;     // elements of the whole call
     uint64_t offset = 0;    // first element of this round's piece
     const char* what = "";  // for error text: "allreduce", "broadcast", "barrier"
-    uint64_t tag = 0;       // the call's transport tag: a peer in another call shows there (checkForOtherCalls)
   };
   // Publishes `bytes` of `data` (data may be null: a rank that only reads,
   // still declaring the piece's size) and waits for every rank's slot of
   // the same round. Afterwards peerData(r) is rank r's data of this round.
   // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
-  void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, Deadline deadline);
-  const uint8_t* peerData(int rank) const;
+  void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, const CallDeadline& deadline);
+  const uint8_t* peerData(int rank) const { return slot(rank, static_cast<int>(rounds_ & 1)) + kHeaderBytes; }
 
   // Throws when a rank gave up on the communicator (the abort word; MISMATCH
   // or REMOTE). One load: the end-of-call check of a call that ran through
@@ -76,9 +83,12 @@ class SharedSegment {
 
  private:
   SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes, std::vector<long> pids);
-  void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, Deadline deadline);
+  void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, const CallDeadline& deadline);
   [[noreturn]] void failFromAbortWord(uint64_t word);
-  uint8_t* slot(int rank, int parity) const;
+  // A peer's slot header (theirHeader) that differs from this round: MISMATCH
+  // naming what differs (the signature, the sizes, or the call's sequence).
+  [[noreturn]] void failRound(const Round& round, size_t bytes, int peer, const void* theirHeader);
+  uint8_t* slot(int rank, int parity) const { return slots_ + (size_t(rank) * 2 + size_t(parity)) * slotStride_; }
 
   std::shared_ptr<Mapping> mapping_;
   int rank_;
