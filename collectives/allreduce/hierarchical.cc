@@ -9,14 +9,15 @@
 // 2(n-1)/n, and each host's l ranks share that traffic in parallel.
 //
 // Pipelined: the buffer is cut into chunks of about SHOAL_HIER_CHUNK_BYTES
-// (HostLayout::chunkBytes), each of which passes through the three legs in
+// (HostLayout::chunkBytes), each of which passes through the legs in
 // turn, so that while chunk c crosses hosts, chunk c+1 is reduce-scattered
 // inside the host and chunk c-1 gathered. Each leg is a ring phase
 // (collectives/common/ring_phase.h) over a view of the communicator's
 // transport that renumbers a subset of its ranks (GroupTransport); one thread
-// drives the three lanes at once, waiting for whichever request completes
-// first (Transport::waitAny). The chunks' legs share the call's tags, handed
-// out from one budget that every rank splits alike, and its deadline.
+// drives the lanes (leg 1, leg 2's two rings, leg 3) at once, waiting for
+// whichever request completes first (Transport::waitAny). The chunks' legs
+// share the call's tags, handed out from one budget that every rank splits
+// alike, and its deadline.
 // HostLegs (hierarchical.h) holds legs 1 and 3 for the compressed allreduce
 // too, which runs them one after another.
 #include "collectives/allreduce/hierarchical.h"
@@ -75,25 +76,28 @@ struct Chunk {
     pieces = splitEvenly(legs.shardCount(), element, hosts, context.segmentBytes, tagsPerSegment);
     pieces.segment = largest.segment;
     hostLegTags = static_cast<uint64_t>(layout.local.size() - 1) * legs.shards().maxSegments();
-    crossTags = 2 * static_cast<uint64_t>(hosts - 1) * largest.maxSegments();
+    crossRingTags = static_cast<uint64_t>(hosts - 1) * largest.maxSegments();
   }
   uint8_t* shard() const { return data + legs.shardOffset(); }
 
   uint8_t* data;
   HostLegs legs;
-  Blocks pieces;             // this rank's shard, one piece per host
-  uint64_t hostLegTags = 0;  // each host leg's
-  uint64_t crossTags = 0;    // both cross-host rings'
-  uint64_t firstTag = 0;     // sub-tags: leg 1, then leg 2, then leg 3
+  Blocks pieces;               // this rank's shard, one piece per host
+  uint64_t hostLegTags = 0;    // each host leg's
+  uint64_t crossRingTags = 0;  // each of leg 2's rings'
+  uint64_t firstTag = 0;       // sub-tags: leg 1, leg 2's two rings, leg 3
 };
 
-// One of the pipeline's three lanes (leg 1, leg 2, leg 3): chunks pass
-// through each in order, one at a time.
+// The pipeline's lanes, in the order a chunk passes through them: leg 1, leg
+// 2's reduce-scatter and allgather rings (separate lanes, so that one chunk's
+// allgather crosses hosts while the next chunk's reduce-scatter does), leg 3.
+enum LaneIndex { kHostScatter, kCrossScatter, kCrossGather, kHostGather, kLanes };
+
+// A lane runs one chunk's phase at a time, chunks in order.
 struct Lane {
   size_t started = 0;                // chunks that entered the lane
   std::optional<Context> context;    // the running phase's, over its group
   std::unique_ptr<RingPhase> phase;  // null while idle
-  bool gathering = false;            // leg 2: its allgather ring runs (after the reduce-scatter)
 
   size_t finished() const { return phase ? started - 1 : started; }
   Context& begin(Context& outer, Transport& group, uint64_t firstSubTag) {
@@ -106,58 +110,75 @@ struct Lane {
   }
 };
 
+// Starts chunk `chunk`'s phase of lane `index`.
+void startPhase(LaneIndex index, Lane& lane, Context& outer, Chunk& chunk, const Reducer& reducer) {
+  switch (index) {
+    case kHostScatter: {
+      Context& leg = lane.begin(outer, chunk.legs.onHost(), chunk.firstTag);
+      lane.phase = std::make_unique<RingReduceScatterPhase>(leg, chunk.data, chunk.data, chunk.legs.shards(), reducer);
+      return;
+    }
+    case kCrossScatter: {
+      Context& leg = lane.begin(outer, chunk.legs.acrossHosts(), chunk.firstTag + chunk.hostLegTags);
+      lane.phase = std::make_unique<RingReduceScatterPhase>(leg, chunk.shard(), chunk.shard(), chunk.pieces, reducer,
+                                                            kCrossScratchSlot);
+      return;
+    }
+    case kCrossGather: {
+      Context& leg =
+          lane.begin(outer, chunk.legs.acrossHosts(), chunk.firstTag + chunk.hostLegTags + chunk.crossRingTags);
+      lane.phase = std::make_unique<RingAllgatherPhase>(leg, chunk.shard(), chunk.pieces);
+      return;
+    }
+    case kHostGather: {
+      const uint64_t firstTag = chunk.firstTag + chunk.hostLegTags + 2 * chunk.crossRingTags;
+      Context& leg = lane.begin(outer, chunk.legs.onHost(), firstTag);
+      lane.phase = std::make_unique<RingAllgatherPhase>(leg, chunk.data, chunk.legs.shards());
+      return;
+    }
+    case kLanes:
+      return;
+  }
+}
+
 void runPipeline(Context& context, std::vector<std::unique_ptr<Chunk>>& chunks, const Reducer& reducer) {
   const size_t total = chunks.size();
   const size_t element = reducer.elementSize();
-  Lane scatter, cross, gather;
-  Lane* const lanes[3] = {&cross, &scatter, &gather};  // the cross-host leg first: it is the critical path
-  while (gather.finished() < total) {
+  Lane lanes[kLanes];
+  // Served cross-host first: those are the critical path.
+  const LaneIndex order[kLanes] = {kCrossScatter, kCrossGather, kHostScatter, kHostGather};
+  while (lanes[kHostGather].finished() < total) {
     // A chunk enters a lane once the lane before is done with it.
-    if (!scatter.phase && scatter.started < total) {
-      Chunk& chunk = *chunks[scatter.started];
-      Context& leg = scatter.begin(context, chunk.legs.onHost(), chunk.firstTag);
-      scatter.phase = std::make_unique<RingReduceScatterPhase>(leg, chunk.data, chunk.data, chunk.legs.shards(),
-                                                               reducer);
+    for (int i = 0; i < kLanes; ++i) {
+      Lane& lane = lanes[i];
+      const size_t ready = i == 0 ? total : lanes[i - 1].finished();
+      if (!lane.phase && lane.started < ready)
+        startPhase(static_cast<LaneIndex>(i), lane, context, *chunks[lane.started], reducer);
     }
-    if (!cross.phase && cross.started < scatter.finished()) {
-      Chunk& chunk = *chunks[cross.started];
-      Context& leg = cross.begin(context, chunk.legs.acrossHosts(), chunk.firstTag + chunk.hostLegTags);
-      cross.gathering = false;
-      cross.phase = std::make_unique<RingReduceScatterPhase>(leg, chunk.shard(), chunk.shard(), chunk.pieces,
-                                                             reducer, kCrossScratchSlot);
-    }
-    if (!gather.phase && gather.started < cross.finished()) {
-      Chunk& chunk = *chunks[gather.started];
-      Context& leg = gather.begin(context, chunk.legs.onHost(), chunk.firstTag + chunk.hostLegTags + chunk.crossTags);
-      gather.phase = std::make_unique<RingAllgatherPhase>(leg, chunk.data, chunk.legs.shards());
-    }
-    // Phases with nothing (more) to wait for end; leg 2's reduce-scatter
-    // hands over to its allgather ring.
+    // Phases with nothing (more) to wait for end. At the end of leg 2's
+    // reduce-scatter this rank's piece holds the sum over every host: avg
+    // divides it by every rank of the communicator, once, by its owner.
     bool ended = false;
-    for (Lane* lane : lanes) {
-      if (!lane->phase || !lane->phase->done()) continue;
+    for (LaneIndex index : order) {
+      Lane& lane = lanes[index];
+      if (!lane.phase || !lane.phase->done()) continue;
       ended = true;
-      if (lane == &cross && !cross.gathering) {
-        Chunk& chunk = *chunks[cross.started - 1];
-        Context& leg = *cross.context;
-        // avg divides by every rank of the communicator, once, by the piece's owner.
-        reducer.finish(chunk.shard() + chunk.pieces.offset[leg.rank], chunk.pieces.bytes[leg.rank] / element,
-                       context.size);
-        cross.gathering = true;
-        cross.phase = std::make_unique<RingAllgatherPhase>(leg, chunk.shard(), chunk.pieces);
-      } else {
-        lane->phase.reset();
+      if (index == kCrossScatter) {
+        Chunk& chunk = *chunks[lane.started - 1];
+        const int owner = lane.context->rank;
+        reducer.finish(chunk.shard() + chunk.pieces.offset[owner], chunk.pieces.bytes[owner] / element, context.size);
       }
+      lane.phase.reset();
     }
     if (ended) continue;
     // Wait until one lane's request completes, then move every lane that can.
-    Lane* waiting[3];
-    Transport::Request requests[3];
+    Lane* waiting[kLanes];
+    Transport::Request requests[kLanes];
     size_t count = 0;
-    for (Lane* lane : lanes)
-      if (lane->phase) {
-        waiting[count] = lane;
-        requests[count++] = *lane->phase->awaited();
+    for (LaneIndex index : order)
+      if (lanes[index].phase) {
+        waiting[count] = &lanes[index];
+        requests[count++] = *lanes[index].phase->awaited();
       }
     context.transport.waitAny(requests, count, context.deadline);
     for (size_t i = 0; i < count; ++i) {
@@ -218,7 +239,12 @@ size_t hierarchicalChunkElements(size_t count, size_t element, const HostLayout&
   // Every chunk has at least an element for each piece of the cross-host rings.
   const size_t least = layout.local.size() * static_cast<size_t>(layout.hosts);
   const size_t wanted = layout.chunkBytes == 0 ? count : std::max(layout.chunkBytes / element, least);
-  return std::max({wanted, (count + kMaxChunks - 1) / kMaxChunks, size_t(1)});
+  // Every chunk's rings take at least a tag per step (one segment a block):
+  // with many hosts that bounds the chunks within half the call's budget.
+  const size_t stepTags = 2 * (layout.local.size() - 1 + static_cast<size_t>(layout.hosts) - 1);
+  const size_t most =
+      std::max<size_t>(1, std::min<size_t>(kMaxChunks, kSubTagLimit / 2 / std::max<size_t>(stepTags, 1)));
+  return std::max({wanted, (count + most - 1) / most, size_t(1)});
 }
 
 void allreduceHierarchical(Context& context, void* recv, size_t count, const Reducer& reducer) {
@@ -240,7 +266,7 @@ void allreduceHierarchical(Context& context, void* recv, size_t count, const Red
                                              std::min(chunkElements, count - begin), element,
                                              static_cast<int>(chunkCount)));
     chunks.back()->firstTag = nextTag;
-    nextTag += 2 * chunks.back()->hostLegTags + chunks.back()->crossTags;
+    nextTag += 2 * chunks.back()->hostLegTags + 2 * chunks.back()->crossRingTags;
   }
   context.reserveTags(nextTag - context.nextSubTag);  // fails, with text, beyond the call's budget
   runPipeline(context, chunks, reducer);
