@@ -43,6 +43,11 @@ struct AllreduceAlgorithm {
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms();
 // The table's hierarchical entry (comm/hosts.cc chooses it for auto across hosts).
 const AllreduceAlgorithm& hierarchicalAllreduce();
+// auto's rule for a compressed allreduce whose size and layout take the hierarchical
+// algorithm: whether compressing only the cross-host leg pays for the dense legs inside
+// each host, judged from what the compressor does (its SHOAL_CAP_* bits), never its name.
+// SHOAL_ALGO=hierarchical runs it whatever this says (lib/plugin/driver.cc).
+bool hierarchicalSuitsCompressor(uint64_t compressorCaps);
 
 // An algorithm name (SHOAL_ALGO) resolved once, when the communicator is
 // made: what the name decides alone, so that choosing per call compares

@@ -4,7 +4,9 @@
 # runs of each algorithm; prints every run's time and the medians (docs/benchmarks.md,
 # "Hierarchical allreduce"). Needs root; makes and removes its own namespaces. With
 # --compressor NAME both runs compress (shoal-bench --compressor): the ring compresses over every
-# rank, the hierarchical algorithm only across hosts (docs/groups.md).
+# rank, the hierarchical algorithm only across hosts (docs/groups.md). SHOAL_* variables pass
+# through to the ranks: SHOAL_HIER_CHUNK_BYTES=0 runs the hierarchical legs one after another
+# instead of pipelined. Prints the load average before and after (the machine may be shared).
 #
 #   bench/netns/hierarchical.sh [--build DIR] [--hosts H] [--per-host K] [--rate 1gbit]
 #                               [--size 64M] [--repeats 3] [--iters 5] [--compressor NAME]
@@ -40,6 +42,8 @@ sizing=(-b "$size" -e "$size")
 trap '"$here/cluster.sh" down --name "$name" >&2' EXIT
 out=$(mktemp -d)
 trap '"$here/cluster.sh" down --name "$name" >&2; rm -rf "$out"' EXIT
+# The machine's load goes with the numbers (a shared machine: CPU-bound ranks time the CPU, not the links).
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); SHOAL_HIER_CHUNK_BYTES=${SHOAL_HIER_CHUNK_BYTES:-(default)}"
 for ((i = 1; i <= repeats; i++)); do
   for algo in ring hierarchical; do
     json="$out/$algo.$i.json"
@@ -55,6 +59,7 @@ for algo in ring hierarchical; do
     --timeout-s 300 "$bench" allreduce "${sizing[@]}" -n 1 -w 0 -c 0 --algo "$algo" "${compress[@]}" > "$out/$algo.wire.log" 2>&1 ||
     { echo "hierarchical.sh: $algo wire run failed:" >&2; cat "$out/$algo.wire.log" >&2; exit 1; }
 done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$out" "$repeats" "$hosts" "$per_host" "$rate" "${shape:-$size}" "${compress[1]:-none}" <<'PY'
 import json, statistics, sys
 out, repeats, hosts, per_host, rate, size, compressor = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]

@@ -4,6 +4,8 @@
 #include <iterator>
 #include <string_view>
 
+#include "shoal/compressor.h"
+
 namespace shoal {
 namespace {
 
@@ -15,8 +17,10 @@ const AllreduceAlgorithm kTable[kTableSize] = {
     {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
     {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",
      allreduceRecursiveDoubling},
-    {"hierarchical", "reduce-scatter inside each host, ring across hosts per shard, allgather inside; for >= 2 hosts with "
-     "the same number (>= 2) of ranks on each, else the ring", allreduceHierarchical},
+    {"hierarchical",
+     "reduce-scatter inside each host, ring across hosts per shard, allgather inside, the legs overlapped over "
+     "chunks; for >= 2 hosts with the same number (>= 2) of ranks on each, else the ring",
+     allreduceHierarchical},
     {"shm", "every rank writes its data into a shared-memory slot and reduces all slots in rank order; ranks on "
             "one host, small messages", allreduceShm},
 };
@@ -29,6 +33,16 @@ const std::vector<AllreduceAlgorithm>& allreduceAlgorithms() {
 }
 
 const AllreduceAlgorithm& hierarchicalAllreduce() { return kTable[kHierarchical]; }
+
+bool hierarchicalSuitsCompressor(uint64_t compressorCaps) {
+  // A low-rank compressor (SHOAL_CAP_MATRIX: PowerSGD's factors, (rows + cols) r
+  // floats a matrix, which the ring adds as they go) sends so few bytes across
+  // hosts that the dense reduce-scatter and allgather inside each host cost more
+  // than compressing across hosts only saves: 0.83x of the flat call at 2 hosts x
+  // 2 ranks, 1 Gbit/s. It stays flat. Payloads that grow with the tensor (topk's
+  // pairs: 1.13x faster hierarchical; casts; sketches) gain from it (docs/groups.md).
+  return (compressorCaps & SHOAL_CAP_MATRIX) == 0;
+}
 
 AllreduceChoice AllreduceChoice::of(const std::string& name) {
   std::string_view wanted = name;

@@ -1,8 +1,9 @@
-// The legs of the hierarchical allreduce (hierarchical.cc) for a caller that
-// runs its own middle leg: the compressed allreduce (lib/plugin/driver.cc)
-// reduces densely inside each host, runs its compressor's rounds across hosts
-// on each rank's shard, and gathers densely inside the host again, so only
-// the inter-host bytes are compressed.
+// The legs of the hierarchical allreduce (hierarchical.cc). The dense
+// algorithm pipelines them over chunks of the buffer; the compressed
+// allreduce (lib/plugin/driver.cc) runs its own middle leg: it reduces
+// densely inside each host, runs its compressor's rounds across hosts on each
+// rank's shard, and gathers densely inside the host again, so only the
+// inter-host bytes are compressed.
 #pragma once
 
 #include <cstddef>
@@ -22,14 +23,15 @@ class HostLegs {
   // `rowElements` > 1 the buffer is rows of that many elements (count a
   // multiple of it) and shards are whole rows, the first (count / rowElements)
   // % l one row longer: a row block of a matrix is a matrix again. `layout`
-  // must be hierarchical() and outlive the legs.
+  // must be hierarchical() and outlive the legs. `tagShares` sets of legs
+  // (the pipeline's chunks) share the call's tags: segments grow to fit.
   HostLegs(Transport& transport, const HostLayout& layout, size_t count, size_t element, size_t segmentBytes,
-           size_t rowElements = 1);
+           size_t rowElements = 1, int tagShares = 1);
   // Shards of given element counts, one per rank of the host in local-rank
   // order, packed one after another (a fused group's: shard i holds block i of
   // every tensor of the group, see lib/plugin/driver.cc).
   HostLegs(Transport& transport, const HostLayout& layout, const std::vector<size_t>& shardCounts, size_t element,
-           size_t segmentBytes);
+           size_t segmentBytes, int tagShares = 1);
 
   // The element count of each rank's shard of one tensor of `rows` rows of
   // `rowElements` elements (1 for a 1-D split), split as evenly as rows allow.
@@ -44,6 +46,10 @@ class HostLegs {
   // The largest of the `value`s of this host's ranks (a small allgather inside the host).
   uint64_t maxOnHost(Context& context, uint64_t value);
 
+  // Legs 1 and 3's ranks (this host's, numbered by local index) and shards,
+  // for a caller that runs them as ring phases (the pipelined allreduce).
+  Transport& onHost() { return host_; }
+  const Blocks& shards() const { return shards_; }
   // Leg 2's ranks: the one with this rank's local index on every host, in
   // host order, numbered 0..hosts-1. Every rank of it holds the same shard.
   Transport& acrossHosts() { return across_; }
@@ -61,5 +67,10 @@ class HostLegs {
   size_t segmentBytes_;
   int mine_;
 };
+
+// The dense hierarchical allreduce's chunk, in elements, for `count` elements
+// on `layout` (layout.chunkBytes, at least one element per cross-host piece,
+// at most 256 chunks); the last chunk holds what is left.
+size_t hierarchicalChunkElements(size_t count, size_t element, const HostLayout& layout);
 
 }  // namespace shoal

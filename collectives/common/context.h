@@ -25,10 +25,12 @@ class SharedSegment;  // transport/shm/segment.h
 constexpr uint64_t kSubTagLimit = uint64_t(1) << kSubTagBits;
 
 // Scratch memory that lives as long as the communicator, so large calls do not
-// allocate (and page-fault) fresh buffers every time. Slots are independent.
+// allocate (and page-fault) fresh buffers every time. Slots are independent:
+// the ring reduce-scatter takes 0 and 1, the pipelined hierarchical allreduce
+// 3 and 4 for its cross-host ring (collectives/allreduce/hierarchical.cc).
 class Scratch {
  public:
-  static constexpr int kSlots = 3;
+  static constexpr int kSlots = 5;
   uint8_t* get(int slot, size_t bytes) {
     if (capacity_[slot] < bytes) {
       buffers_[slot].reset(new uint8_t[bytes]);  // uninitialised on purpose

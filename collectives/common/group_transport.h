@@ -30,6 +30,9 @@ class GroupTransport final : public Transport {
   void waitAll(Request* requests, size_t count, Deadline deadline) override {
     parent_.waitAll(requests, count, deadline);
   }
+  void waitAny(Request* requests, size_t count, Deadline deadline) override {
+    parent_.waitAny(requests, count, deadline);
+  }
   void checkNotAborted() override { parent_.checkNotAborted(); }
   void abort(const std::string& reason, shoal_status_t status) override { parent_.abort(reason, status); }
   bool failed() const override { return parent_.failed(); }

@@ -3,6 +3,7 @@
 // each host first and across hosts second; lib/api/hosts.cc learns the layout.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@ struct HostLayout {
   std::vector<int> peers;        // the rank with this rank's local index on every host, in host order
   bool regular = false;          // every host has the same number of ranks
   std::string description;       // "2 hosts x 2 ranks", "2 hosts, irregular (3, 1 ranks)"
+  // The dense hierarchical allreduce runs in chunks of about this many bytes,
+  // its legs overlapped (SHOAL_HIER_CHUNK_BYTES; 0: the whole buffer at once).
+  size_t chunkBytes = 0;
 
   // The layout of `rank` given every rank's host id.
   static HostLayout from(const std::vector<uint64_t>& hostOf, int rank);

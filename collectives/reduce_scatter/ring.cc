@@ -14,56 +14,89 @@
 //
 // Out of place, this rank's contribution is read from `input` and every sum is
 // written to `data` (no copy of the input first); in place, input == data.
+//
+// The steps are a RingReduceScatterPhase (collectives/common/ring_phase.h):
+// the blocking call runs one to its end; the pipelined hierarchical allreduce
+// drives several at once.
 #include "collectives/collectives.h"
 #include "collectives/common/ring.h"
+#include "collectives/common/ring_phase.h"
 
 namespace shoal {
 
-void ringReduceScatter(Context& context, const uint8_t* input, uint8_t* data, const Blocks& blocks,
-                       const Reducer& reducer) {
-  const int n = context.size, r = context.rank;
-  if (n == 1) return;
-  const int steps = n - 1;
-  const size_t segments = blocks.maxSegments();
-  const uint64_t firstTag = context.reserveTags(static_cast<uint64_t>(steps) * segments);
-  auto tagOf = [&](int step, size_t k) { return firstTag + static_cast<uint64_t>(step) * segments + k; };
-  auto blockSentIn = [&](int step) { return ring::reduceScatterStep(r, n, step).sendBlock; };
-  auto blockReceivedIn = [&](int step) { return ring::reduceScatterStep(r, n, step).receiveBlock; };
-
-  uint8_t* scratch[2] = {context.scratch.get(0, blocks.maxBytes()), context.scratch.get(1, blocks.maxBytes())};
-  std::vector<Transport::Request> receives[2];
-  std::vector<Transport::Request> sends;
-  sends.reserve(static_cast<size_t>(steps) * segments);
-
-  auto postReceives = [&](int step) {
-    int block = blockReceivedIn(step);
-    std::vector<Transport::Request>& pending = receives[step % 2];
-    pending.clear();
-    for (size_t k = 0; k < blocks.segmentsIn(block); ++k)
-      pending.push_back(context.transport.irecv(context.left(), tagOf(step, k),
-                                                scratch[step % 2] + k * blocks.segment,
-                                                blocks.segmentLength(block, k)));
-  };
+RingReduceScatterPhase::RingReduceScatterPhase(Context& context, const uint8_t* input, uint8_t* data,
+                                               const Blocks& blocks, const Reducer& reducer, int firstSlot)
+    : context_(context), input_(input), data_(data), blocks_(blocks), reducer_(reducer) {
+  const int n = context.size;
+  if (n == 1) return;  // nothing to wait for: done
+  steps_ = n - 1;
+  segments_ = blocks.maxSegments();
+  firstTag_ = context.reserveTags(static_cast<uint64_t>(steps_) * segments_);
+  scratch_[0] = context.scratch.get(firstSlot, blocks.maxBytes());
+  scratch_[1] = context.scratch.get(firstSlot + 1, blocks.maxBytes());
+  sends_.reserve(static_cast<size_t>(steps_) * segments_);  // never moves: awaited_ may point into it
 
   postReceives(0);
-  int first = blockSentIn(0);
+  const int first = ring::reduceScatterStep(context.rank, n, 0).sendBlock;
   for (size_t k = 0; k < blocks.segmentsIn(first); ++k)
-    sends.push_back(context.transport.isend(context.right(), tagOf(0, k), input + blocks.segmentBegin(first, k),
-                                            blocks.segmentLength(first, k)));
+    sends_.push_back(context.transport.isend(context.right(), firstTag_ + k, input + blocks.segmentBegin(first, k),
+                                             blocks.segmentLength(first, k)));
+  if (steps_ > 1) postReceives(1);
+  settle();
+}
 
-  for (int step = 0; step < steps; ++step) {
-    if (step + 1 < steps) postReceives(step + 1);
-    int block = blockReceivedIn(step);
-    for (size_t k = 0; k < blocks.segmentsIn(block); ++k) {
-      context.wait(receives[step % 2][k]);
-      size_t length = blocks.segmentLength(block, k);
-      uint8_t* mine = data + blocks.segmentBegin(block, k);
-      reducer.combineInto(mine, input + blocks.segmentBegin(block, k), scratch[step % 2] + k * blocks.segment,
-                          length / reducer.elementSize());
-      if (step + 1 < steps) sends.push_back(context.transport.isend(context.right(), tagOf(step + 1, k), mine, length));
-    }
+int RingReduceScatterPhase::blockReceivedIn(int step) const {
+  return ring::reduceScatterStep(context_.rank, context_.size, step).receiveBlock;
+}
+
+void RingReduceScatterPhase::postReceives(int step) {
+  const int block = blockReceivedIn(step);
+  std::vector<Transport::Request>& pending = receives_[step % 2];
+  pending.clear();
+  for (size_t k = 0; k < blocks_.segmentsIn(block); ++k)
+    pending.push_back(context_.transport.irecv(context_.left(), firstTag_ + static_cast<uint64_t>(step) * segments_ + k,
+                                               scratch_[step % 2] + k * blocks_.segment,
+                                               blocks_.segmentLength(block, k)));
+}
+
+void RingReduceScatterPhase::settle() {
+  // A step begins by posting the next step's receives, as its segments arrive.
+  while (step_ < steps_ && segment_ == blocks_.segmentsIn(blockReceivedIn(step_))) {
+    ++step_;
+    segment_ = 0;
+    if (step_ + 1 < steps_) postReceives(step_ + 1);
   }
-  context.waitAll(sends);
+  if (step_ < steps_) {
+    awaited_ = &receives_[step_ % 2][segment_];
+    return;
+  }
+  while (sendsDone_ < sends_.size() && sends_[sendsDone_].done) ++sendsDone_;
+  awaited_ = sendsDone_ < sends_.size() ? &sends_[sendsDone_] : nullptr;
+}
+
+void RingReduceScatterPhase::advance() {
+  if (step_ < steps_) {
+    // Segment `segment_` of this step's block arrived: add it in, and forward
+    // the sum in the next step.
+    const int block = blockReceivedIn(step_);
+    const size_t length = blocks_.segmentLength(block, segment_);
+    uint8_t* mine = data_ + blocks_.segmentBegin(block, segment_);
+    reducer_.combineInto(mine, input_ + blocks_.segmentBegin(block, segment_),
+                         scratch_[step_ % 2] + segment_ * blocks_.segment, length / reducer_.elementSize());
+    if (step_ + 1 < steps_)
+      sends_.push_back(context_.transport.isend(
+          context_.right(), firstTag_ + static_cast<uint64_t>(step_ + 1) * segments_ + segment_, mine, length));
+    ++segment_;
+  } else {
+    ++sendsDone_;
+  }
+  settle();
+}
+
+void ringReduceScatter(Context& context, const uint8_t* input, uint8_t* data, const Blocks& blocks,
+                       const Reducer& reducer) {
+  RingReduceScatterPhase phase(context, input, data, blocks, reducer);
+  runToEnd(context, phase);
 }
 
 }  // namespace shoal

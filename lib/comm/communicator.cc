@@ -53,13 +53,15 @@ std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, i
 // shared segment against UCX, SHOAL_HIER_MIN_BYTES the hierarchical allreduce
 // against the flat one); ranks that disagree on them would straddle a
 // threshold with the same call, so they fail here, at init, on every rank.
+// SHOAL_HIER_CHUNK_BYTES cuts the hierarchical allreduce into chunks, and so its tags.
 void checkRanksAgree(shoal_comm& comm) {
-  std::string settings = fmt::format("{}|{}|{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes,
-                                     config::getInt("SHOAL_SHM_MAX_BYTES"), config::getInt("SHOAL_HIER_MIN_BYTES"));
+  std::string settings = fmt::format("{}|{}|{}|{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes,
+                                     config::getInt("SHOAL_SHM_MAX_BYTES"), config::getInt("SHOAL_HIER_MIN_BYTES"),
+                                     config::getInt("SHOAL_HIER_CHUNK_BYTES"));
   if (!agree(comm, takeSequence(comm), settings).same)
     fail(SHOAL_ERR_MISMATCH,
-         "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES, SHOAL_TREE_MAX_BYTES, SHOAL_SHM_MAX_BYTES or "
-         "SHOAL_HIER_MIN_BYTES (this rank: {}): set them identically on every rank",
+         "ranks disagree on SHOAL_ALGO, SHOAL_SEGMENT_BYTES, SHOAL_TREE_MAX_BYTES, SHOAL_SHM_MAX_BYTES, "
+         "SHOAL_HIER_MIN_BYTES or SHOAL_HIER_CHUNK_BYTES (this rank: {}): set them identically on every rank",
          settings);
 }
 

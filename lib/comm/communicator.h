@@ -40,6 +40,10 @@ struct CompressStats {
   uint64_t wireBytes = 0;
   int rounds = 0;
   bool acrossHostsOnly = false;  // the hierarchical compressed allreduce: the rounds ran across hosts, on shards
+  // What ran, as the debug log and the trace name it (a static name): the plain
+  // algorithm's, "aggregate", "nccl" (CUDA tensors), "compressed" (flat) or
+  // "hierarchical" (compressed across hosts only).
+  const char* algorithm = nullptr;
 };
 
 }  // namespace shoal
@@ -66,6 +70,7 @@ struct shoal_comm {
   uint64_t splits = 0;               // splits so far: each child's store keys live under "<keyPrefix>split<n>/"
   std::shared_ptr<const shoal::HostLayout> hosts;  // which ranks share a host (comm/hosts.cc)
   size_t hierMinBytes = 0;                         // SHOAL_HIER_MIN_BYTES
+  size_t hierChunkBytes = 0;                       // SHOAL_HIER_CHUNK_BYTES (the layout carries it to the algorithm)
   std::unique_ptr<shoal::SharedSegment> shm;  // ranks all on one host (lib/transport/shm); else null
   size_t shmMaxBytes = 0;  // auto takes shm up to this size: the segment's slot, 0 without one
   std::unique_ptr<shoal::aggregate::Client, shoal::aggregate::ClientRelease> aggregator;  // SHOAL_ALGO=aggregate (lib/aggregate)

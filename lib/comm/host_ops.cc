@@ -22,29 +22,35 @@ constexpr double kAbortNoticeGraceS = 0.2;
 
 }  // namespace
 
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
-                    shoal_dtype_t dtype, shoal_op_t op) {
+const char* plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
+                           shoal_dtype_t dtype, shoal_op_t op) {
   const AllreduceAlgorithm& algorithm = chooseAllreduce(comm, count * dtypeSize(dtype));
-  plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
+  return plainAllreduce(comm, sequence, algorithm, send, recv, count, dtype, op);
 }
 
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
-                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
+const char* plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                           void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op) {
   const size_t bytes = count * dtypeSize(dtype);
   Reducer reducer(dtype, op);
-  if (count == 0) return emptyCall(comm, sequence);
-  if (comm.allreduceChoice.aggregate && aggregate::carries(dtype, op))  // else the ring (algos.cc)
-    return aggregateAllreduce(comm, sequence, send, recv, count, dtype, op);
-  if (algorithm.run == allreduceRing)  // the ring reads send directly: no copy
-    return runCollective(comm, sequence, [&](Context& context) {
+  if (count == 0) {
+    emptyCall(comm, sequence);
+    return algorithm.name;
+  }
+  if (comm.allreduceChoice.aggregate && aggregate::carries(dtype, op)) {  // else the ring (algos.cc)
+    aggregateAllreduce(comm, sequence, send, recv, count, dtype, op);
+    return "aggregate";
+  }
+  runCollective(comm, sequence, [&](Context& context) {
+    if (algorithm.run == allreduceRing) {  // the ring reads send directly: no copy
       allreduceRingOutOfPlace(context, send, recv, count, reducer);
-    });
-  if (algorithm.run == allreduceShm)  // so does the shared segment (send goes into this rank's slot)
-    return runCollective(comm, sequence, [&](Context& context) {
+    } else if (algorithm.run == allreduceShm) {  // so does the shared segment (send goes into this rank's slot)
       allreduceShmOutOfPlace(context, send, recv, count, reducer);
-    });
-  if (send != recv) std::memcpy(recv, send, bytes);
-  runCollective(comm, sequence, [&](Context& context) { algorithm.run(context, recv, count, reducer); });
+    } else {
+      if (send != recv) std::memcpy(recv, send, bytes);
+      algorithm.run(context, recv, count, reducer);
+    }
+  });
+  return algorithm.name;
 }
 
 namespace {

@@ -12,12 +12,14 @@
 
 namespace shoal {
 
-// The uncompressed allreduce of count elements (send may equal recv).
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
-                    shoal_dtype_t dtype, shoal_op_t op);
-// The same with the algorithm already chosen (selectAllreduce).
-void plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
-                    void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op);
+// The uncompressed allreduce of count elements (send may equal recv). Returns
+// the name of the algorithm that ran, for the debug log and the trace:
+// "aggregate" where SHOAL_ALGO=aggregate took the call, else the algorithm's.
+const char* plainAllreduce(shoal_comm& comm, uint64_t sequence, const void* send, void* recv, size_t count,
+                           shoal_dtype_t dtype, shoal_op_t op);
+// The same with the algorithm already chosen (chooseAllreduce).
+const char* plainAllreduce(shoal_comm& comm, uint64_t sequence, const AllreduceAlgorithm& algorithm, const void* send,
+                           void* recv, size_t count, shoal_dtype_t dtype, shoal_op_t op);
 // Every rank's count (one host allgather): fills counts and packed
 // displacements (elements), returns the total.
 size_t gatherCounts(shoal_comm& comm, size_t count, std::vector<size_t>& counts, std::vector<size_t>& displs);

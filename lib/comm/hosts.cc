@@ -43,6 +43,7 @@ void adopt(shoal_comm& comm, std::vector<uint64_t> hostOf) {
     SHOAL_LOG_INFO("rank 0: communicator {}: {}: auto takes the hierarchical allreduce from {} bytes "
                    "(SHOAL_HIER_MIN_BYTES)",
                    comm.keyPrefix, layout->description, comm.hierMinBytes);
+  layout->chunkBytes = comm.hierChunkBytes;
   comm.hosts = std::move(layout);
 }
 
@@ -77,6 +78,7 @@ HostLayout HostLayout::from(const std::vector<uint64_t>& hostOf, int rank) {
 
 void learnHosts(shoal_comm& comm) {
   comm.hierMinBytes = static_cast<size_t>(config::getInt("SHOAL_HIER_MIN_BYTES"));
+  comm.hierChunkBytes = static_cast<size_t>(config::getInt("SHOAL_HIER_CHUNK_BYTES"));
   std::vector<uint64_t> hostOf(comm.size, 0);
   hostOf[comm.rank] = std::hash<std::string>{}(hostIdentity());
   if (comm.size > 1) {
@@ -90,6 +92,7 @@ void learnHosts(shoal_comm& comm) {
 
 void inheritHosts(shoal_comm& child, const shoal_comm& parent, const std::vector<int>& members) {
   child.hierMinBytes = parent.hierMinBytes;
+  child.hierChunkBytes = parent.hierChunkBytes;
   std::vector<uint64_t> hostOf;
   for (int member : members)
     hostOf.push_back(parent.hosts ? parent.hosts->hostOf[member] : 0);
@@ -100,10 +103,16 @@ const AllreduceAlgorithm& chooseAllreduce(const shoal_comm& comm, size_t bytes) 
   // The name was resolved when the communicator was made (comm.allreduceChoice):
   // per call this compares sizes only.
   const AllreduceChoice& choice = comm.allreduceChoice;
-  if (choice.fixed == nullptr && comm.hosts && comm.hosts->hierarchical() && bytes >= comm.hierMinBytes &&
-      bytes > comm.treeMaxBytes)
+  const bool hierarchicalLayout = comm.hosts && comm.hosts->hierarchical();
+  if (choice.fixed == nullptr && hierarchicalLayout && bytes >= comm.hierMinBytes && bytes > comm.treeMaxBytes)
     return hierarchicalAllreduce();
-  return choice.at(bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
+  const AllreduceAlgorithm& chosen = choice.at(bytes, comm.size, comm.treeMaxBytes, comm.shmMaxBytes);
+  // Asked for where the layout has no hierarchy, the hierarchical algorithm
+  // runs the ring (hierarchical.cc): say so, so that the call's signature,
+  // debug line and trace name what runs.
+  if (chosen.run == allreduceHierarchical && !hierarchicalLayout)
+    return selectAllreduce("ring", bytes, comm.size, comm.treeMaxBytes);
+  return chosen;
 }
 
 }  // namespace shoal

@@ -35,6 +35,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_AGGREGATOR", "", "SHOAL_ALGO=aggregate: tcp://host:port[,tcp://host:port...] of shoal-aggd aggregators; several shard each tensor (docs/aggregation.md)."},
       {"SHOAL_TREE_MAX_BYTES", "65536", "auto: allreduce messages up to this size use recursive doubling, larger ones the ring; broadcasts the tree, larger ones the chain.", K::Integer, 0, kMaxBytes},
       {"SHOAL_HIER_MIN_BYTES", "1048576", "auto: allreduce messages of at least this size take the hierarchical algorithm when the ranks span >= 2 hosts with the same number (>= 2) on each (docs/groups.md).", K::Integer, 0, kMaxBytes},
+      {"SHOAL_HIER_CHUNK_BYTES", "2097152", "The dense hierarchical allreduce pipelines its legs over chunks of this many bytes: while one chunk crosses hosts, the next is reduced inside each host and the one before gathered (docs/groups.md); 0 = the whole buffer at once, leg after leg.", K::Integer, 0, kMaxBytes},
       {"SHOAL_HOST_ID", "", "Names this rank's host for the hierarchical allreduce; ranks with the same id share a host. Default: host name, boot id and network namespace (emulated hosts in namespaces count apart)."},
       {"SHOAL_SHM_MAX_BYTES", "262144", "When every rank shares one host: auto runs allreduces, broadcasts and barriers up to this size through a shared-memory segment (its slot size; 0 = no segment).", K::Integer, 0, 1 << 26},
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes.", K::Integer, 4096, 1 << 30},

@@ -233,6 +233,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
     throw;
   }
   stats.wireBytes = comm.transport->bytesSent() + cudaBytesSent(comm) - sentBefore;
+  stats.algorithm = "compressed";  // across hosts only, runHierarchicalCompressed renames it
 }
 
 // The rounds after a successful start(); always ends with finish().
@@ -485,6 +486,7 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
                     data + plan.packedOffset(t, static_cast<int>(b)) * element, plan.blocks[t][b] * element);
   stats.wireBytes = comm.transport->bytesSent() - sentBefore;
   stats.acrossHostsOnly = true;
+  stats.algorithm = "hierarchical";
 }
 
 // Whether an operation's tensors take the hierarchical compressed allreduce:
@@ -496,6 +498,9 @@ bool runsAcrossHosts(shoal_comm& comm, const shoal_compressor_t& table,
                      const std::vector<shoal_compress_tensor_t>& tensors, size_t bytes) {
   if (!comm.hosts || !comm.hosts->hierarchical() || chooseAllreduce(comm, bytes).run != allreduceHierarchical)
     return false;
+  // auto leaves a compressor flat where compressing across hosts only does not
+  // pay (the rule and why: hierarchicalSuitsCompressor, algos.cc).
+  if (comm.allreduceChoice.fixed == nullptr && !hierarchicalSuitsCompressor(table.caps)) return false;
   for (const shoal_compress_tensor_t& tensor : tensors)
     if (shardUnits(table, tensor.input) < comm.hosts->local.size()) {
       if (shardsByRows(table, tensor.input)) noteRowsTooFew(comm, table.name, tensor.input);
@@ -515,8 +520,9 @@ std::string acrossHostsWords(const shoal_compressor_t& table, const std::vector<
 // What shoal_last_compress_stats reports after a plain allreduce: `bytes` in,
 // nothing compressed. The compressor's name is rewritten only when the last
 // call's was another (a plain call in a loop builds no string).
-void notePlainStats(CompressStats& last, uint64_t bytes) {
+void notePlainStats(CompressStats& last, uint64_t bytes, const char* algorithm) {
   if (std::string_view(last.compressor) != "none") last.compressor = "none";
+  last.algorithm = algorithm;
   last.inputBytes = bytes;
   last.payloadBytes = 0;
   last.wireBytes = 0;  // not tracked for the plain path
@@ -592,12 +598,12 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   }
   if (!compress && route.cuda) {
     cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
-    notePlainStats(comm.lastStats, bytes);
+    notePlainStats(comm.lastStats, bytes, "nccl");
     return;
   }
   if (!compress) {
-    plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op);
-    notePlainStats(comm.lastStats, bytes);
+    notePlainStats(comm.lastStats, bytes,
+                   plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op));
     return;
   }
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
-#include "comm/hosts.h"
 #include "runtime/engine.h"
 #include "collectives/collectives.h"
 #include "core/config.h"
@@ -57,9 +56,8 @@ CallTrace::~CallTrace() {
     std::string what;
     std::string args = fmt::format("\"call\": \"{}\", \"ok\": {}, \"sent_bytes\": {}", call_, ok_, sent);
     if (allreduce) {
-      std::string algorithm =
-          stats.rounds > 0 ? std::string("compressed")
-                           : chooseAllreduce(comm_, stats.inputBytes).name;
+      // What the driver ran, as it recorded it (comm/communicator.h): never chosen again here.
+      const char* algorithm = stats.algorithm != nullptr ? stats.algorithm : "unknown";
       what = fmt::format("{} bytes, algorithm {}, {}", stats.inputBytes, algorithm, compressorDecision(stats));
       args += fmt::format(", \"bytes\": {}, \"algorithm\": \"{}\", \"compressor\": \"{}\", \"payload_bytes\": {}",
                           stats.inputBytes, algorithm, stats.compressor, stats.payloadBytes);

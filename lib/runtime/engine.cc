@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include <poll.h>
 #include <pthread.h>
@@ -14,7 +15,6 @@
 #include "comm/communicator.h"
 #include "comm/call.h"
 #include "comm/host_ops.h"
-#include "comm/hosts.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "runtime/cuda_requests.h"
@@ -84,10 +84,14 @@ void logGroup(const shoal_comm& comm, const Group& group) {
   if (meta.memory == SHOAL_MEMORY_CUDA)
     how = fmt::format(", CUDA tensors through NCCL{}", head.compress ? ", compressor " + meta.compressor : "");
   else if (meta.kind == OpKind::Allreduce)
-    how = head.compress ? fmt::format(", compressor {}{}", meta.compressor,
-                                      meta.options.empty() ? "" : " (" + meta.options + ")")
+    // The algorithm the group ran, as runGroup recorded it: never chosen again here.
+    how = head.compress ? fmt::format(", compressor {}{}{}", meta.compressor,
+                                      meta.options.empty() ? "" : " (" + meta.options + ")",
+                                      group.algorithm && std::strcmp(group.algorithm, "hierarchical") == 0
+                                          ? ", algorithm hierarchical (compressed across hosts only)"
+                                          : "")
                         : fmt::format(", algorithm {}, uncompressed{}",
-                                      chooseAllreduce(comm, bytes).name,
+                                      group.algorithm ? group.algorithm : "unknown",
                                       meta.compressor.empty() || meta.compressor == "none"
                                           ? ""
                                           : fmt::format(" (compressor {}: below its min bytes, or an op or dtype it "

@@ -37,8 +37,10 @@ void runPlainAllreduce(shoal_comm& comm, Group& group, std::vector<uint8_t>& fus
   if (group.members.size() == 1) {  // nothing to fuse: straight from input to output
     Request& r = *group.members.front()->request;
     Clock::time_point begin = Clock::now();
-    plainAllreduce(comm, takeSequence(comm), r.input.data, r.output.data, r.meta.elements(), r.meta.dtype, r.meta.op);
-    spanAll(timeline, group, "ALLREDUCE", begin, fmt::format("\"bytes\": {}", r.meta.bytes()));
+    group.algorithm = plainAllreduce(comm, takeSequence(comm), r.input.data, r.output.data, r.meta.elements(),
+                                     r.meta.dtype, r.meta.op);
+    spanAll(timeline, group, "ALLREDUCE", begin,
+            fmt::format("\"bytes\": {}, \"algorithm\": \"{}\"", r.meta.bytes(), group.algorithm));
     return;
   }
   size_t total = 0;
@@ -55,8 +57,9 @@ void runPlainAllreduce(shoal_comm& comm, Group& group, std::vector<uint8_t>& fus
   const std::string fused = fmt::format("\"fused\": {}, \"bytes\": {}", group.members.size(), total * element);
   spanAll(timeline, group, "MEMCPY_IN_FUSION", begin, fused);
   begin = Clock::now();
-  plainAllreduce(comm, takeSequence(comm), fusionBuffer.data(), fusionBuffer.data(), total, first.dtype, first.op);
-  spanAll(timeline, group, "ALLREDUCE", begin, fused);
+  group.algorithm =
+      plainAllreduce(comm, takeSequence(comm), fusionBuffer.data(), fusionBuffer.data(), total, first.dtype, first.op);
+  spanAll(timeline, group, "ALLREDUCE", begin, fused + fmt::format(", \"algorithm\": \"{}\"", group.algorithm));
   begin = Clock::now();
   offset = 0;
   for (const Ready* member : group.members) {
@@ -88,6 +91,7 @@ void runCompressedAllreduce(shoal_comm& comm, Group& group, Timeline* timeline) 
   };
   allreduceCompressedGroup(comm, takeSequence(comm), first.compressor, first.options, tensors, first.op,
                            timeline ? &observer : nullptr);
+  group.algorithm = comm.lastStats.algorithm;  // the driver's record of the path it took
 }
 
 void runAllgather(shoal_comm& comm, Request& r, Timeline* timeline, const Group& group) {

@@ -28,6 +28,10 @@ struct Ready {
 
 struct Group {
   std::vector<Ready*> members;      // in negotiated order
+  // An allreduce group's algorithm as the code that ran it names it (runGroup
+  // sets it; the debug line and the timeline say it): a plain algorithm's name,
+  // "aggregate", "compressed" or "hierarchical" (compressed across hosts only).
+  const char* algorithm = nullptr;
 };
 
 // Groups ready requests; deterministic, so every rank forms the same groups.

@@ -81,6 +81,15 @@ class Transport {
   // Completes every request or throws shoal::Error (TIMEOUT, REMOTE, MISMATCH,
   // SYSTEM). On a throw the transport is failed and peers have been told.
   virtual void waitAll(Request* requests, size_t count, Deadline deadline) = 0;
+  // Returns once at least one of `requests` is complete (at once if one is
+  // already), or throws as waitAll does: for a caller that drives several
+  // operations at once and serves whichever can move (the pipelined
+  // hierarchical allreduce). A backend that cannot wait for any waits for the
+  // first request that is not complete: slower, never wrong.
+  virtual void waitAny(Request* requests, size_t count, Deadline deadline) {
+    for (size_t i = 0; i < count; ++i)
+      if (!requests[i].done) return waitAll(&requests[i], 1, deadline);
+  }
   // Throws if a peer has aborted the communicator. Called when a collective
   // completes: its data may have been waiting for a late rank while the peers
   // gave up on the call, and then the late rank must fail too.

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "core/error.h"
+#include "shoal/compressor.h"
 
 namespace {
 
@@ -62,3 +65,23 @@ TEST(AllreduceChoice, AnUnknownNameIsNotFoundAndListsTheValidOnes) {
 }
 
 }  // namespace
+
+// auto's rule for compressed calls across hosts (algos.cc): from what the
+// compressor does, its capability bits, never its name. A low-rank compressor
+// (SHOAL_CAP_MATRIX) stays flat; one whose payload grows with the tensor
+// compresses only the cross-host leg. The built-ins fall on the measured side:
+// powersgd flat (0.83x hierarchical), topk across hosts (1.13x).
+TEST(AllreduceChoice, CompressedAcrossHostsFromTheCompressorsBits) {
+  EXPECT_FALSE(shoal::hierarchicalSuitsCompressor(SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL | SHOAL_CAP_MATRIX));
+  EXPECT_FALSE(shoal::hierarchicalSuitsCompressor(SHOAL_CAP_MATRIX));
+  EXPECT_TRUE(shoal::hierarchicalSuitsCompressor(SHOAL_CAP_HOST | SHOAL_CAP_STATEFUL));
+  EXPECT_TRUE(shoal::hierarchicalSuitsCompressor(SHOAL_CAP_HOST | SHOAL_CAP_LOSSLESS | SHOAL_CAP_HOMOMORPHIC));
+  EXPECT_TRUE(shoal::hierarchicalSuitsCompressor(0));
+  const std::vector<std::pair<const char*, bool>> builtins = {
+      {"powersgd", false}, {"topk", true}, {"fp16", true}, {"bf16", true}, {"sketch", true}};
+  for (const auto& [name, acrossHosts] : builtins) {
+    const shoal_compressor_t* table = nullptr;
+    ASSERT_EQ(shoal_compressor_lookup(name, &table), SHOAL_OK) << name;
+    EXPECT_EQ(shoal::hierarchicalSuitsCompressor(table->caps), acrossHosts) << name;
+  }
+}

@@ -102,7 +102,8 @@ class UcxTransport final : public Transport {
   const char* name() const override { return "ucx"; }
   Request isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   Request irecv(int peer, uint64_t tag, void* data, size_t bytes) override;
-  void waitAll(Request* requests, size_t count, Deadline deadline) override;
+  void waitAll(Request* requests, size_t count, Deadline deadline) override { waitFor(requests, count, deadline, false); }
+  void waitAny(Request* requests, size_t count, Deadline deadline) override { waitFor(requests, count, deadline, true); }
   void abort(const std::string& reason, shoal_status_t status = SHOAL_ERR_REMOTE) override;
   void checkNotAborted() override;
   bool failed() const override { return failedFlag_.load(std::memory_order_acquire); }
@@ -127,6 +128,8 @@ class UcxTransport final : public Transport {
   uint64_t wireTag(int sender, uint64_t tag) const { return (uint64_t(sender) << kRankShift) | tag; }
   void checkUsable() const;
   bool poll(Request& request);
+  // waitAll, or with `any` waitAny: one loop, one failure path.
+  void waitFor(Request* requests, size_t count, Deadline deadline, bool any);
   void postAbortReceive();
   void checkForPeerTrouble(Request* requests, size_t count);
   void checkSignature(const Request& request, uint64_t senderTag) const;
@@ -632,16 +635,20 @@ void UcxTransport::sleepOnEvents(Deadline deadline) {
   ::poll(&descriptor, 1, static_cast<int>(std::clamp<long long>(ms, 0, kRemoteSleepMaxMs)));
 }
 
-void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
+void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, bool any) {
   checkUsable();
   unsigned idleRounds = 0;
   Clock::time_point idleSince{};
   unsigned remoteSpinRounds = std::min(spinRounds_, kRemoteSpinRounds);
   try {
     for (;;) {
-      bool allDone = true;
-      for (size_t i = 0; i < count; ++i) allDone = poll(requests[i]) && allDone;
-      if (allDone) break;
+      bool allDone = true, anyDone = count == 0;
+      for (size_t i = 0; i < count; ++i) {
+        const bool done = poll(requests[i]);
+        allDone = allDone && done;
+        anyDone = anyDone || done;
+      }
+      if (any ? anyDone : allDone) break;
       if (ucp_worker_progress(worker_) != 0) {
         idleRounds = 0;
         continue;
@@ -676,7 +683,7 @@ void UcxTransport::waitAll(Request* requests, size_t count, Deadline deadline) {
   }
   for (size_t i = 0; i < count; ++i) {
     Request& request = requests[i];
-    if (request.isReceive && request.receivedBytes != request.bytes)
+    if (request.done && request.isReceive && request.receivedBytes != request.bytes)
       failWith(requests, count, SHOAL_ERR_MISMATCH,
                fmt::format("rank {} expected {} bytes from rank {} but received {}: do all ranks pass the same count "
                            "and dtype?",
