@@ -280,15 +280,15 @@ SHOAL_EXPORT shoal_status_t shoal_request_alltoall_copy(shoal_request_t request,
   return guarded(nullptr, [&] {
     const char* call = "shoal_request_alltoall_copy";
     runtime::Request& r = completedAlltoall(request, call);
-    const bool cuda = r.meta.memory == SHOAL_MEMORY_CUDA;
-    const size_t bytes = cuda ? r.receivedBytes : r.received.size();
+    const bool onCuda = r.meta.memory == SHOAL_MEMORY_CUDA;
+    const size_t bytes = onCuda ? r.receivedBytes : r.received.size();
     if (capacity < bytes)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dst holds {} bytes but request '{}' received {}; pass a buffer of at "
            "least that size", call, capacity, r.name, bytes);
     if (bytes == 0) return;
     if (dst == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dst is NULL but request '{}' received {} bytes", call, r.name, bytes);
-    if (!cuda) {
+    if (!onCuda) {
       std::memcpy(dst, r.received.data(), bytes);
       return;
     }
