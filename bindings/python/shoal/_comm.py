@@ -602,6 +602,10 @@ class Communicator:
             counts = (ctypes.c_size_t * size)()
             check(lib.shoal_request_alltoall_result(request, ctypes.byref(data), ctypes.byref(count), counts))
             array, dst = self._output(src, None, (count.value // row_elems,) + row_shape)
+            if dst.tensor.memory == T.MEMORY_CUDA and dst.tensor.stream != src.tensor.stream:
+                # torch may hand out memory whose last use is still queued on the current stream;
+                # the copy runs on the request's (the input's) stream: let the former finish first.
+                B._torch().cuda.current_stream(array.device).synchronize()
             check(lib.shoal_request_alltoall_copy(request, dst.address, dst.nbytes))
             return array, [c // row_elems for c in counts]
         return Request(handle, (src, cname, sendcounts), None, None, name, collect)
