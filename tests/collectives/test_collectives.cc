@@ -518,8 +518,8 @@ TEST_P(Collectives, ReduceScatter) {
       if (callOk(shoal_reduce_scatter(comm, send.data(), own, c.recvcount, t.id, c.op), comm, what))
         checkElements(what, t, own, c.recvcount, want);
 
-      // The tensor form on host tensors (the same host path), out of place, for the small counts.
-      if (c.recvcount > kSmallCounts[std::size(kSmallCounts) - 1]) continue;
+      // The tensor form on host tensors (the same host path, so one count: every dtype and op), out of place.
+      if (c.recvcount != 7) continue;
       what = caseName("reduce_scatter_tensor", t, opName(c.op), c.recvcount, false, rank);
       send = input;
       recv.assign(block, 0xa5);
