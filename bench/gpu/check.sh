@@ -165,7 +165,7 @@ else
     grep -E '^(\[[0-9]+\] )? *[0-9]+ +[0-9]+ ' "$RESULTS/nccl_smoke_$compressor.log" | tail -3 | sed 's/^/         /' | tee -a "$SUMMARY"
   done
   # The other collectives shoal-bench runs on CUDA memory (the C API's tensor forms), each checked (-c 1).
-  for coll in allgather broadcast alltoall sendrecv reduce gather scatter; do
+  for coll in allgather broadcast reduce_scatter alltoall sendrecv reduce gather scatter; do
     # shellcheck disable=SC2086
     stage "NCCL smoke: shoal-bench $coll $BENCH_ARGS (1 rank)" 30 "$RESULTS/nccl_smoke_$coll.log" \
       "$SHOALRUN" -np 1 --timeout-s 25 "$BENCH" "$coll" -b 1M -e 64M -f 8 -n 5 -w 2 $BENCH_ARGS

@@ -104,6 +104,12 @@ shoal_status_t alltoallOf(shoal_comm_t comm, const void *send, void *recv, const
   return shoal_alltoall_tensor(comm, &in, &out);
 }
 
+shoal_status_t reduceScatterOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
+  if (!onCuda(x)) return shoal_reduce_scatter(comm, send, recv, x.c.paramCount, x.dtype, x.op);
+  const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
+  return shoal_reduce_scatter_tensor(comm, &in, &out, x.op);
+}
+
 shoal_status_t reduceOf(shoal_comm_t comm, const void *send, void *recv, const Ctx &x) {
   if (!onCuda(x)) return shoal_reduce(comm, send, recv, x.c.paramCount, x.dtype, x.op, x.root);
   const shoal_tensor_t in = tensorOf(send, x.c.sendCount, x), out = tensorOf(recv, x.c.recvCount, x);
@@ -125,12 +131,13 @@ shoal_status_t scatterOf(shoal_comm_t comm, const void *send, void *recv, const 
 }  // namespace
 
 const char *cudaRefusal(const CollTest &coll, shoal_op_t op) {
-  if (&coll == &kReduceScatter)
-    return "reduce_scatter has no CUDA form in shoal's C API (shoal_reduce_scatter takes host pointers and there is "
-           "no shoal_reduce_scatter_tensor); run it with --memory host";
-  if (&coll == &kReduce && (op == SHOAL_BAND || op == SHOAL_BOR || op == SHOAL_BXOR))
+  const bool bitwise = op == SHOAL_BAND || op == SHOAL_BOR || op == SHOAL_BXOR;
+  if (&coll == &kReduce && bitwise)
     return "reduce on CUDA memory is ncclReduce, which has no band, bor or bxor; use -o sum, avg, prod, min or max, "
            "or --memory host (allreduce runs the bitwise ops on CUDA memory)";
+  if (&coll == &kReduceScatter && bitwise)
+    return "reduce_scatter on CUDA memory is ncclReduceScatter, which has no band, bor or bxor; use -o sum, avg, "
+           "prod, min or max, or --memory host (allreduce runs the bitwise ops on CUDA memory)";
   return nullptr;
 }
 
@@ -168,7 +175,7 @@ const CollTest kCollTests[9] = {
      [](size_t count, int n) { return Counts{count / n * n, count / n, count / n, 0, count / n}; },
      [](const Ctx &x, size_t k) { return redValue(x, x.rank, k); },
      [](const Ctx &x, size_t k) { return reduceOverRanks(x, size_t(x.rank) * x.c.paramCount + k); },
-     [](auto comm, auto s, auto r, auto &x) { return shoal_reduce_scatter(comm, s, r, x.c.paramCount, x.dtype, x.op); },
+     reduceScatterOf,
      [](int n) { return double(n - 1) / n; }},
     {"alltoall", "rank r sends block p of its buffer to rank p, which stores it as block r", false, false,
      [](size_t count, int n) { return Counts{count / n * n, count / n * n, count / n, 0, 0}; },

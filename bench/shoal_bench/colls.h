@@ -33,7 +33,7 @@ inline const CollTest &kReduce = kCollTests[6];
 
 // --memory cuda runs every collective through the C API's tensor forms (NCCL
 // underneath); this says why coll with op cannot run there (nullptr: it can):
-// the C API has no CUDA form of it, or NCCL has no such reduction.
+// NCCL has no such reduction (reduce and reduce_scatter with a bitwise op).
 const char *cudaRefusal(const CollTest &coll, shoal_op_t op);
 
 // nccl-tests' names (all_reduce, all_reduce_perf) are accepted too; nullptr when unknown.

@@ -275,6 +275,12 @@ shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoal_tensor_t *i
 shoal_status_t shoal_allgather_tensor(shoal_comm_t comm, const shoal_tensor_t *input, const shoal_tensor_t *output);
 /* In place: root's tensor is copied into every rank's tensor. */
 shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoal_tensor_t *tensor, int root);
+/* input holds world_size x output's elements; rank r's output gets the
+ * reduction of block r (shoal_reduce_scatter's meaning). In place: output's
+ * data is input's data + rank x output's elements. CUDA tensors take
+ * ncclReduceScatter: sum, avg, prod, min, max (NCCL has no bitwise reduction). */
+shoal_status_t shoal_reduce_scatter_tensor(shoal_comm_t comm, const shoal_tensor_t *input,
+                                           const shoal_tensor_t *output, shoal_op_t op);
 
 /* Tensor forms of alltoall(v), reduce, gather(v), scatter(v) and grouped
  * point-to-point (docs/collectives.md): the raw-pointer calls' meaning, counts
@@ -442,6 +448,12 @@ shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char *name, const shoal_
  * may be NULL) how many came from each rank. */
 shoal_status_t shoal_request_alltoall_result(shoal_request_t request, const void **data, size_t *count,
                                              size_t *recvcounts);
+/* Copies a completed alltoall request's result (all of it, as
+ * shoal_request_alltoall_result gives it) into dst, which holds capacity
+ * bytes (at least the result's). For a CUDA result dst is any memory CUDA
+ * addresses (device or host); the copy is ordered on the input's stream and
+ * complete on return. Lets a binding fill its own tensor without CUDA. */
+shoal_status_t shoal_request_alltoall_copy(shoal_request_t request, void *dst, size_t capacity);
 
 /* *done = 1 once the request completed; then returns its status (its text:
  * shoal_request_error). While pending: *done = 0 and SHOAL_OK. */

@@ -14,6 +14,9 @@
 #include "collectives/common/reducer.h"
 #include "core/config.h"
 #include "runtime/engine.h"
+#if SHOAL_WITH_CUDA
+#include "gpu/cuda/stream_memory.h"
+#endif
 
 
 struct shoal_request {
@@ -231,21 +234,29 @@ SHOAL_EXPORT shoal_status_t shoal_ialltoall(shoal_comm_t comm, const char* name,
   });
 }
 
+namespace {
+
+// A completed alltoall request whose result may be read: `call` names the
+// entry point in the refusals.
+runtime::Request& completedAlltoall(shoal_request_t request, const char* call) {
+  if (request == nullptr || !request->request)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: request is NULL; pass the handle shoal_ialltoall returned", call);
+  runtime::Request& r = *request->request;
+  if (r.meta.kind != OpKind::Alltoall && r.meta.kind != OpKind::Alltoallv)
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: request '{}' is a {}, not an alltoall", call, r.name,
+         runtime::opKindName(r.meta.kind));
+  if (!r.done())
+    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: request '{}' is still pending; wait for it first", call, r.name);
+  if (r.status() != SHOAL_OK) fail(r.status(), "{}: request '{}' failed: {}", call, r.name, r.error());
+  return r;
+}
+
+}  // namespace
+
 SHOAL_EXPORT shoal_status_t shoal_request_alltoall_result(shoal_request_t request, const void** data, size_t* count,
                                                           size_t* recvcounts) {
   return guarded(nullptr, [&] {
-    if (request == nullptr || !request->request)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request is NULL; pass the handle "
-           "shoal_ialltoall returned");
-    runtime::Request& r = *request->request;
-    if (r.meta.kind != OpKind::Alltoall && r.meta.kind != OpKind::Alltoallv)
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request '{}' is a {}, not an alltoall",
-           r.name, runtime::opKindName(r.meta.kind));
-    if (!r.done())
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: request '{}' is still pending; wait for it "
-           "first", r.name);
-    if (r.status() != SHOAL_OK)
-      fail(r.status(), "shoal_request_alltoall_result: request '{}' failed: {}", r.name, r.error());
+    runtime::Request& r = completedAlltoall(request, "shoal_request_alltoall_result");
     if (data == nullptr || count == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_request_alltoall_result: data and count (out-parameters) must not be "
            "NULL");
@@ -258,6 +269,40 @@ SHOAL_EXPORT shoal_status_t shoal_request_alltoall_result(shoal_request_t reques
       *data = r.received.empty() ? nullptr : r.received.data();
     }
     if (recvcounts != nullptr) std::copy(r.recvcounts.begin(), r.recvcounts.end(), recvcounts);
+  });
+}
+
+// Why a copy and not the pointer alone: a binding (shoal.torch) has no CUDA
+// of its own to copy device memory with, and the device memory is freed with
+// the request. The copy is ordered on the input's stream and waited for, so
+// dst is ready for any stream and the request can be freed at once.
+SHOAL_EXPORT shoal_status_t shoal_request_alltoall_copy(shoal_request_t request, void* dst, size_t capacity) {
+  return guarded(nullptr, [&] {
+    const char* call = "shoal_request_alltoall_copy";
+    runtime::Request& r = completedAlltoall(request, call);
+    const bool onCuda = r.meta.memory == SHOAL_MEMORY_CUDA;
+    const size_t bytes = onCuda ? r.receivedBytes : r.received.size();
+    if (capacity < bytes)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dst holds {} bytes but request '{}' received {}; pass a buffer of at "
+           "least that size", call, capacity, r.name, bytes);
+    if (bytes == 0) return;
+    if (dst == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: dst is NULL but request '{}' received {} bytes", call, r.name, bytes);
+    if (!onCuda) {
+      std::memcpy(dst, r.received.data(), bytes);
+      return;
+    }
+#if SHOAL_WITH_CUDA
+    cuda::DeviceScope onDevice(r.input.device);
+    const char* error = onDevice.error();
+    if (error == nullptr) error = cuda::copyAsync(dst, r.deviceReceived.get(), bytes, r.input.stream);
+    if (error == nullptr) error = cuda::synchronize(r.input.stream);
+    if (error != nullptr)
+      fail(SHOAL_ERR_SYSTEM, "{}: copying request '{}''s {} bytes from CUDA device {}: {}", call, r.name, bytes,
+           r.input.device, error);
+#else
+    fail(SHOAL_ERR_INTERNAL, "{}: request '{}' holds CUDA memory in a build without CUDA", call, r.name);
+#endif
   });
 }
 

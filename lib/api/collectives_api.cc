@@ -11,6 +11,7 @@
 #include "collectives/collectives.h"
 #include "comm/agree.h"
 #include "comm/call.h"
+#include "gpu/exchange_route.h"
 #include "gpu/route.h"
 #include "plugin/driver.h"
 
@@ -274,31 +275,79 @@ SHOAL_EXPORT shoal_status_t shoal_broadcast_tensor(shoal_comm_t comm, const shoa
   });
 }
 
+namespace {
+
+// shoal_reduce_scatter's work after its entry; shoal_reduce_scatter_tensor's host path too.
+void reduceScatterBody(Call& call, const void* sendbuf, void* recvbuf, size_t recvcount, shoal_dtype_t dtype,
+                       shoal_op_t op) {
+  const char* name = call.name();
+  shoal_comm& c = call.comm();
+  checkDtypeOp(name, dtype, op);
+  size_t totalBytes = checkedBytes(name, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
+  size_t bytes = recvcount * dtypeSize(dtype);
+  checkBuffer(name, "sendbuf", sendbuf, totalBytes);
+  checkBuffer(name, "recvbuf", recvbuf, bytes);
+  const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
+  checkNoPartialOverlap(name, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
+  call.declare(signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
+  if (recvcount == 0) return call.runEmpty();
+  Reducer reducer(dtype, op);
+  // The ring writes partial sums of every block: into scratch, so sendbuf
+  // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
+  uint8_t* work = c.scratch.get(2, totalBytes);
+  Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
+  call.run([&](Context& context) {
+    ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
+  });
+  if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
+  reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
+  std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
+}
+
+}  // namespace
+
 SHOAL_EXPORT shoal_status_t shoal_reduce_scatter(shoal_comm_t comm, const void* sendbuf, void* recvbuf,
                                                  size_t recvcount, shoal_dtype_t dtype, shoal_op_t op) {
-  return enter(comm, "shoal_reduce_scatter", [&](Call& call) {
+  return enter(comm, "shoal_reduce_scatter",
+               [&](Call& call) { reduceScatterBody(call, sendbuf, recvbuf, recvcount, dtype, op); });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_reduce_scatter_tensor(shoal_comm_t comm, const shoal_tensor_t* input,
+                                                        const shoal_tensor_t* output, shoal_op_t op) {
+  return enter(comm, "shoal_reduce_scatter_tensor", [&](Call& call) {
     const char* name = call.name();
     shoal_comm& c = call.comm();
-    checkDtypeOp(name, dtype, op);
-    size_t totalBytes = checkedBytes(name, "recvcount x world size", recvcount, dtype, static_cast<size_t>(c.size));
-    size_t bytes = recvcount * dtypeSize(dtype);
-    checkBuffer(name, "sendbuf", sendbuf, totalBytes);
-    checkBuffer(name, "recvbuf", recvbuf, bytes);
-    const uint8_t* inPlace = static_cast<const uint8_t*>(sendbuf) + c.rank * bytes;
-    checkNoPartialOverlap(name, sendbuf, totalBytes, recvbuf, bytes, recvbuf == inPlace);
-    call.declare(signatureOf(CallKind::ReduceScatter, dtype, op, recvcount, -1, "ring"));
-    if (recvcount == 0) return call.runEmpty();
-    Reducer reducer(dtype, op);
-    // The ring writes partial sums of every block: into scratch, so sendbuf
-    // stays intact. (Slots 0 and 1 are the ring's receive buffers; 2 is free.)
-    uint8_t* work = c.scratch.get(2, totalBytes);
-    Blocks blocks = splitEvenly(recvcount * c.size, dtypeSize(dtype), c.size, c.segmentBytes, c.size);
-    call.run([&](Context& context) {
-      ringReduceScatter(context, static_cast<const uint8_t*>(sendbuf), work, blocks, reducer);
-    });
-    if (c.size == 1) std::memcpy(work, sendbuf, totalBytes);
-    reducer.finish(work + blocks.offset[c.rank], recvcount, c.size);
-    std::memcpy(recvbuf, work + blocks.offset[c.rank], bytes);
+    if (input == nullptr || output == nullptr)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
+    size_t count = 0;  // output's elements: each rank's block
+    MemoryRoute route = routeOf(name, {input, output});
+    auto checks = [&] {
+      const size_t inputCount = checkedElements(name, "input", input);
+      count = checkedElements(name, "output", output);
+      checkDtypeOp(name, input->dtype, op);
+      if (output->dtype != input->dtype)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
+             shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+      size_t bytes = checkedBytes(name, "output elements x world size", count, input->dtype, c.size) / c.size;
+      if (inputCount != count * c.size)
+        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements; it must hold world size x output = {}", name,
+             inputCount, count * c.size);
+      checkBuffer(name, "input->data", input->data, bytes * c.size);
+      checkBuffer(name, "output->data", output->data, bytes);
+      const uint8_t* inPlace = static_cast<const uint8_t*>(input->data) + c.rank * bytes;
+      checkNoPartialOverlap(name, input->data, bytes * c.size, output->data, bytes, output->data == inPlace);
+      if (route.cuda && !ncclReduces(op))
+        fail(SHOAL_ERR_UNSUPPORTED, "{}: NCCL has no {} reduction for CUDA tensors; reduce-scatter with sum, avg, "
+             "prod, min or max, or use shoal_allreduce_tensor (its device ring runs the bitwise ops)",
+             name, shoal_op_name(op));
+    };
+    if (!route.cuda) {
+      checks();
+      return reduceScatterBody(call, input->data, output->data, count, input->dtype, op);
+    }
+    checkCudaArguments(c, call.sequence(), route, checks);
+    checkCudaReady(c, name, route);
+    cudaReduceScatter(c, call.sequence(), route, input->data, output->data, count, input->dtype, op);
   });
 }
 

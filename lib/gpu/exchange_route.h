@@ -48,7 +48,8 @@ std::string countsDisagreement(int rank, int size, const std::vector<uint64_t>& 
 // ncclSend/ncclRecv. In place (send blocks overlapping recv) the send side is
 // staged in device memory first.
 void cudaExchange(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const DeviceExchange& exchange);
-// Whether ncclReduce computes op (avg as a sum divided on root); NCCL has no bitwise reduction.
+// Whether ncclReduce and ncclReduceScatter compute op (avg as a sum divided once on the
+// device); NCCL has no bitwise reduction.
 inline bool ncclReduces(shoal_op_t op) {
   return op == SHOAL_SUM || op == SHOAL_AVG || op == SHOAL_PROD || op == SHOAL_MIN || op == SHOAL_MAX;
 }

@@ -40,6 +40,7 @@ namespace {
 template <typename Tensors>
 MemoryRoute routeOfTensors(const char* call, const Tensors& tensors) {
   MemoryRoute route;
+  route.call = call;
   bool host = false;
   for (const shoal_tensor_t* tensor : tensors) {
     // Read as the int a C caller may have stored: a value outside the enum is
@@ -248,6 +249,14 @@ void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
   });
 }
 
+void cudaReduceScatter(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
+                       size_t recvcount, shoal_dtype_t dtype, shoal_op_t op) {
+  agreeOnCudaCall(comm, sequence, describeCall("reduce_scatter", dtype, recvcount, op), route);
+  onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
+    nc.reduceScatter(send, recv, recvcount, dtype, op, route.stream, deadline);
+  });
+}
+
 void cudaPayloadAllreduce(shoal_comm& comm, const MemoryRoute& route, void* buffer, size_t count, shoal_dtype_t dtype,
                           shoal_op_t op) {
   onDevice(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
@@ -291,6 +300,11 @@ void cudaAllgather(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
 void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void*, void*, size_t count,
                    shoal_dtype_t dtype, int root) {
   agreeOnCudaCall(comm, sequence, describeCall("broadcast", dtype, count, root), route);
+  unreachable();
+}
+void cudaReduceScatter(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void*, void*,
+                       size_t recvcount, shoal_dtype_t dtype, shoal_op_t op) {
+  agreeOnCudaCall(comm, sequence, describeCall("reduce_scatter", dtype, recvcount, op), route);
   unreachable();
 }
 void cudaPayloadAllreduce(shoal_comm&, const MemoryRoute&, void*, size_t, shoal_dtype_t, shoal_op_t) { unreachable(); }

@@ -23,6 +23,7 @@ struct MemoryRoute {
   std::vector<const void*> data;  // the CUDA tensors' pointers, checked to be device memory
   shoal_status_t refusal = SHOAL_OK;
   std::string why;        // the refusal's text, naming the fix
+  const char* call = "";  // the entry point the user called (routeOf's): refusals name it
   // Keeps the first refusal: the most basic one is checked first.
   void refuse(shoal_status_t status, std::string text);
 };
@@ -53,6 +54,11 @@ void cudaAllgather(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route
                    size_t sendcount, shoal_dtype_t dtype);
 void cudaBroadcast(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
                    size_t count, shoal_dtype_t dtype, int root);
+// ncclReduceScatter: send holds size x recvcount elements, recv gets block
+// rank's reduction (sum, avg, prod, min, max: the entry point refuses the
+// bitwise ops before the agreement round).
+void cudaReduceScatter(shoal_comm& comm, uint64_t sequence, const MemoryRoute& route, const void* send, void* recv,
+                       size_t recvcount, shoal_dtype_t dtype, shoal_op_t op);
 
 // A compressed payload's collective on device memory, inside a call the
 // ranks already agreed on (no host round): allreduce in place; allgatherv

@@ -560,7 +560,9 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                   static_cast<long long>(bytes) >= minBytes && ((instance->table().dtypes >> input.dtype) & 1u);
   // CUDA tensors: refusals are gathered here and shared with every rank in
   // the call's first (host) round; never staged through host memory.
-  const char* call = "shoal_allreduce_tensor";
+  // Named after the entry point the user called (shoal_allreduce_tensor, or
+  // the async runtime's shoal_iallreduce), which routeOf recorded.
+  const char* call = route.call[0] != '\0' ? route.call : "shoal_allreduce_tensor";
   if (route.cuda && compress && !(instance->table().caps & SHOAL_CAP_CUDA))
     route.refuse(SHOAL_ERR_UNSUPPORTED,
                  fmt::format("{}: compressor {} cannot run on CUDA tensors (it lacks SHOAL_CAP_CUDA) and shoal never "

@@ -621,6 +621,17 @@ TEST_P(Disagreement, ReduceScatterCounts) {
   expectErrorOnEveryRank(outcomes, "reduce_scatter, rank 0 count 999");
 }
 
+TEST_P(Disagreement, ReduceScatterTensorCounts) {
+  auto outcomes = runDisagreement(3, algorithm(), [](int rank, shoal_comm_t comm) {
+    const size_t count = rank == 2 ? 999 : 1000;
+    std::vector<float> send(3 * count, 1.0f), recv(count);
+    const shoal_tensor_t in = shoal_tensor_1d(send.data(), send.size(), SHOAL_F32);
+    const shoal_tensor_t out = shoal_tensor_1d(recv.data(), recv.size(), SHOAL_F32);
+    return shoal_reduce_scatter_tensor(comm, &in, &out, SHOAL_SUM);
+  });
+  expectErrorOnEveryRank(outcomes, "reduce_scatter_tensor, rank 2 count 999");
+}
+
 // A rank that does not call the collective: the others time out; when it calls
 // later, it fails too instead of waiting for its own deadline.
 TEST_P(Disagreement, StalledRank) {

@@ -136,6 +136,50 @@ TEST(NcclTransport, AllgatherAndBroadcastOfCudaTensorsMatchHost) {
   });
 }
 
+// ncclReduceScatter through shoal_reduce_scatter_tensor against the host
+// reduce-scatter, out of place and in place, for the ops NCCL has; counts
+// that disagree between ranks are a MISMATCH on every rank.
+TEST(NcclTransport, ReduceScatterOfCudaTensorsMatchesHost) {
+  DEVICES_OR_SKIP(devices);
+  const int n = std::min(devices, 8);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    std::mt19937_64 random(300 + rank);
+    for (shoal_dtype_t dtype : {SHOAL_I32, SHOAL_U8, SHOAL_F32, SHOAL_F64, SHOAL_F16, SHOAL_BF16})
+      for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG, SHOAL_PROD, SHOAL_MIN, SHOAL_MAX})
+        for (size_t count : {size_t(0), size_t(1), size_t(4099)}) {
+          const std::string what = std::string("reduce_scatter ") + shoal_dtype_name(dtype) + " " +
+                                   shoal_op_name(op) + " count " + std::to_string(count) + " rank " +
+                                   std::to_string(rank);
+          const size_t element = shoal::dtypeSize(dtype);
+          std::vector<uint8_t> input = exactElements(dtype, count * n, random), expected(count * element);
+          if (!callOk(shoal_reduce_scatter(comm, input.data(), expected.data(), count, dtype, op), comm, what))
+            return;
+          DeviceCopy send(input), recv(std::vector<uint8_t>(expected.size(), 0));
+          shoal_tensor_t in = cudaTensor(send.data, count * n, dtype, rank);
+          shoal_tensor_t out = cudaTensor(recv.data, count, dtype, rank);
+          if (!callOk(shoal_reduce_scatter_tensor(comm, &in, &out, op), comm, what)) return;
+          EXPECT_EQ(recv.toHost(), expected) << what;
+          EXPECT_EQ(send.toHost(), input) << what << ": the input changed";
+          // In place: the output is this rank's block of the input.
+          shoal_tensor_t own = cudaTensor(static_cast<uint8_t*>(send.data) + rank * count * element, count, dtype,
+                                          rank);
+          if (!callOk(shoal_reduce_scatter_tensor(comm, &in, &own, op), comm, what + " in place")) return;
+          std::vector<uint8_t> after = send.toHost();
+          EXPECT_EQ(std::vector<uint8_t>(after.begin() + rank * count * element,
+                                         after.begin() + (rank + 1) * count * element),
+                    expected)
+              << what << " in place";
+        }
+    if (n < 2) return;
+    DeviceCopy send(std::vector<uint8_t>(4 * 8 * n, 0)), recv(std::vector<uint8_t>(4 * 8, 0));
+    const size_t count = rank == 0 ? 7 : 8;
+    shoal_tensor_t in = cudaTensor(send.data, count * n, SHOAL_F32, rank);
+    shoal_tensor_t out = cudaTensor(recv.data, count, SHOAL_F32, rank);
+    EXPECT_EQ(shoal_reduce_scatter_tensor(comm, &in, &out, SHOAL_SUM), SHOAL_ERR_MISMATCH) << shoal_last_error(comm);
+  });
+}
+
 // shoal's own device ring takes the same steps in the same order as the host
 // ring, so even float sums of arbitrary values agree bit for bit.
 TEST(NcclTransport, DeviceRingMatchesHostRingBitForBit) {

@@ -1,6 +1,5 @@
-// shoal-bench --memory cuda for every collective it takes there (all but
-// reduce_scatter, which the C API has no CUDA form of): inputs made on the
-// host, copied to the device, run through the tensor calls over NCCL, copied
+// shoal-bench --memory cuda for every collective (reduce and reduce_scatter
+// with the ops NCCL has): inputs made on the host, copied to the device, run through the tensor calls over NCCL, copied
 // back and checked element by element (-c 1), out of place and in place.
 // Exit 0 means every element was right. One rank per device, at most two
 // (NCCL takes one rank per device); skips without a device.
@@ -32,6 +31,7 @@ TEST(ShoalBenchCuda, EveryCollectiveRunsAndChecksOnDeviceBuffers) {
   const std::vector<Case> cases = {
       {{"allreduce", "-d", "float"}}, {{"allreduce", "-d", "int32", "-o", "bxor"}},
       {{"allgather"}},                {{"broadcast", "-r", ranks == "2" ? "1" : "0"}},
+      {{"reduce_scatter", "-d", "float"}}, {{"reduce_scatter", "-d", "int32", "-o", "min"}},
       {{"alltoall"}},                 {{"sendrecv"}},
       {{"reduce", "-d", "int32", "-o", "max"}}, {{"gather"}},
       {{"scatter"}}};

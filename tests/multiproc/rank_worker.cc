@@ -4,8 +4,8 @@
 // runs one mode:
 //
 //   rank_worker success
-//       allreduce, allgather, broadcast (every root), reduce_scatter and
-//       barrier with exact results.
+//       allreduce, allgather, broadcast (every root), reduce_scatter (and
+//       its tensor form, in place) and barrier with exact results.
 //   rank_worker die-mid-allreduce R [exit|kill]
 //       loops allreduces of 1M floats; rank R dies after a few iterations
 //       (_exit(9), or SIGKILL with "kill"); the others must get an error.
@@ -136,6 +136,15 @@ int runSuccess(int rank, int size) {
     uint32_t j = static_cast<uint32_t>(static_cast<size_t>(rank) * block + i);
     uint32_t expected = j * static_cast<uint32_t>(size) + static_cast<uint32_t>(size * (size - 1) / 2);
     if (recv[i] != expected) wrong("reduce_scatter", i, std::to_string(recv[i]), std::to_string(expected));
+  }
+  // The tensor form on host tensors, in place (rank r's block of send is its output): u32 max.
+  const shoal_tensor_t whole = shoal_tensor_1d(send.data(), send.size(), SHOAL_U32);
+  const shoal_tensor_t own = shoal_tensor_1d(send.data() + static_cast<size_t>(rank) * block, block, SHOAL_U32);
+  check(shoal_reduce_scatter_tensor(gComm, &whole, &own, SHOAL_MAX), "reduce_scatter_tensor");
+  for (size_t i = 0; i < block; ++i) {
+    uint32_t expected = static_cast<uint32_t>(static_cast<size_t>(rank) * block + i) + static_cast<uint32_t>(size - 1);
+    uint32_t got = send[static_cast<size_t>(rank) * block + i];
+    if (got != expected) wrong("reduce_scatter_tensor", i, std::to_string(got), std::to_string(expected));
   }
   check(shoal_barrier(gComm), "barrier");
   std::printf("worker %d: success\n", rank);

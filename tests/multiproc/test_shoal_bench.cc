@@ -211,11 +211,11 @@ TEST_F(ShoalBench, TimelineAndInfoSummaryOfABlockingProgram) {
   EXPECT_NE(last_.err.find("peer 1 via ucx shared memory"), std::string::npos) << last_.err;
 }
 
-// --memory cuda takes every collective that has a CUDA tensor form in the C API and refuses the
-// others in the options (exit 2, the reason, before any communicator). Accepted ones then need
-// a CUDA build and a device: here (one rank, no launcher) they either run (a device: every
-// checked element right, exit 0) or stop with the runtime's --memory cuda reason (exit 1),
-// never with a usage error. tests/cuda/test_shoal_bench_cuda.cc runs them on a device.
+// --memory cuda takes every collective (each has a CUDA tensor form in the C API) and refuses
+// the bitwise ops of reduce and reduce_scatter (NCCL has none) in the options (exit 2, the
+// reason, before any communicator). Accepted ones then need a CUDA build and a device: here
+// (one rank, no launcher) they either run (a device: every checked element right, exit 0) or
+// stop with the runtime's --memory cuda reason (exit 1), never with a usage error. tests/cuda/test_shoal_bench_cuda.cc runs them on a device.
 TEST_F(ShoalBench, MemoryCudaTakesEveryCollectiveWithACudaForm) {
   const std::map<std::string, std::string> oneRank{
       {"SHOAL_RANK", "0"}, {"SHOAL_WORLD_SIZE", "1"}, {"SHOAL_STORE", "memory://shoal-bench-cuda-options"}};
@@ -224,15 +224,22 @@ TEST_F(ShoalBench, MemoryCudaTakesEveryCollectiveWithACudaForm) {
     args.insert(args.end(), sweep.begin(), sweep.end());
     return run("shoal-bench", args, oneRank);
   };
-  Outcome refused = benchOf({"reduce_scatter"});
+  Outcome refused = benchOf({"reduce_scatter", "-d", "int32", "-o", "bxor"});
   EXPECT_EQ(refused.exitCode, 2) << refused.err;
-  EXPECT_NE(refused.err.find("--memory cuda: reduce_scatter has no CUDA form"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("--memory cuda: reduce_scatter on CUDA memory is ncclReduceScatter, which has no band, "
+                             "bor or bxor"),
+            std::string::npos)
+      << refused.err;
   refused = benchOf({"reduce", "-d", "int32", "-o", "bor"});
   EXPECT_EQ(refused.exitCode, 2) << refused.err;
   EXPECT_NE(refused.err.find("ncclReduce, which has no band, bor or bxor"), std::string::npos) << refused.err;
 
-  for (const char* coll : {"allreduce", "allgather", "broadcast", "alltoall", "sendrecv", "reduce", "gather", "scatter"}) {
-    const Outcome accepted = benchOf({coll});
+  const std::vector<std::vector<std::string>> takes = {
+      {"allreduce"}, {"allgather"}, {"broadcast"}, {"reduce_scatter"}, {"reduce_scatter", "-o", "max"},
+      {"alltoall"},  {"sendrecv"},  {"reduce"},    {"gather"},         {"scatter"}};
+  for (const std::vector<std::string>& args : takes) {
+    const std::string coll = args[0];
+    const Outcome accepted = benchOf(args);
     EXPECT_NE(accepted.exitCode, 2) << coll << ": refused as a usage error\n" << accepted.err;
     if (accepted.exitCode == 0) continue;  // ran on a device, every element right
     EXPECT_EQ(accepted.exitCode, 1) << coll << "\n" << accepted.err;

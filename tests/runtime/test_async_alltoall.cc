@@ -40,6 +40,20 @@ Result resultOf(shoal_request_t request, int size) {
       << shoal_last_error(nullptr);
   result.data.resize(count);
   if (count > 0) std::memcpy(result.data.data(), data, count * sizeof(int32_t));
+  // shoal_request_alltoall_copy gives the same bytes into a caller's buffer (a
+  // binding's tensor), and refuses one too small for them.
+  std::vector<int32_t> copied(count + 1, -7);
+  EXPECT_EQ(shoal_request_alltoall_copy(request, copied.data(), count * sizeof(int32_t)), SHOAL_OK)
+      << shoal_last_error(nullptr);
+  EXPECT_EQ(std::vector<int32_t>(copied.begin(), copied.begin() + count), result.data);
+  EXPECT_EQ(copied.back(), -7) << "the copy wrote past the result";
+  if (count > 0) {
+    EXPECT_EQ(shoal_request_alltoall_copy(request, copied.data(), count * sizeof(int32_t) - 1),
+              SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(nullptr)).find("pass a buffer of at least that size"), std::string::npos)
+        << shoal_last_error(nullptr);
+    EXPECT_EQ(shoal_request_alltoall_copy(request, nullptr, count * sizeof(int32_t)), SHOAL_ERR_INVALID_ARGUMENT);
+  }
   return result;
 }
 
@@ -125,6 +139,11 @@ TEST(AsyncAlltoall, RunsInOrderWithOtherRequests) {
     EXPECT_EQ(shoal_request_alltoall_result(requests[0], &data, &count, nullptr), SHOAL_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(shoal_last_error(nullptr)).find("not an alltoall"), std::string::npos)
         << shoal_last_error(nullptr);
+    int32_t room[8];
+    EXPECT_EQ(shoal_request_alltoall_copy(requests[0], room, sizeof room), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(nullptr)).find("shoal_request_alltoall_copy: request 'x' is a"),
+              std::string::npos)
+        << shoal_last_error(nullptr);
     for (shoal_request_t r : requests) shoal_request_free(r);
   });
 }
@@ -152,6 +171,7 @@ TEST(AsyncAlltoall, DisagreementsAreAMismatchOnEveryRank) {
       const void* data = nullptr;
       size_t count = 0;
       EXPECT_EQ(shoal_request_alltoall_result(request, &data, &count, nullptr), SHOAL_ERR_MISMATCH);
+      EXPECT_EQ(shoal_request_alltoall_copy(request, a.data(), 0), SHOAL_ERR_MISMATCH);  // a failed request has none
       shoal_request_free(request);
     }
     // The runtime goes on: the same names with agreeing arguments work.
@@ -178,6 +198,8 @@ TEST(AsyncAlltoall, AMissingRankIsATimeoutNotAHang) {
       size_t count = 0;
       EXPECT_EQ(shoal_request_alltoall_result(request, &data, &count, nullptr), SHOAL_ERR_INVALID_ARGUMENT);
       EXPECT_NE(std::string(shoal_last_error(nullptr)).find("still pending"), std::string::npos);
+      EXPECT_EQ(shoal_request_alltoall_copy(request, a.data(), sizeof(int32_t) * a.size()),
+                SHOAL_ERR_INVALID_ARGUMENT);
     }
     barrier.wait();  // threads only: no shoal call while the name is pending on rank 0 alone
     // Rank 1 submits it late: the request then completes on both.
@@ -206,6 +228,7 @@ TEST(AsyncAlltoall, ArgumentsAreChecked) {
     refused(shoal_ialltoall(comm, nullptr, &odd, tooFew.data(), &request), "name is NULL");
     refused(shoal_ialltoall(comm, "null", nullptr, nullptr, &request), "input is NULL");
     EXPECT_EQ(shoal_request_alltoall_result(nullptr, nullptr, nullptr, nullptr), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(shoal_request_alltoall_copy(nullptr, a.data(), 4), SHOAL_ERR_INVALID_ARGUMENT);
     // Without CUDA in the build the async runtime refuses CUDA tensors; a CUDA
     // build takes them (runtime.AsyncCuda.* and tests/cuda cover that path: a
     // host pointer marked as device memory must not be submitted there).

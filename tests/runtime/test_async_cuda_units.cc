@@ -132,6 +132,11 @@ TEST(AsyncCuda, SubmissionOfCudaTensorsFollowsTheBuild) {
         << shoal_status_string(waited) << ": " << shoal_request_error(request);
     EXPECT_NE(std::string(shoal_request_error(request)).find("CUDA"), std::string::npos)
         << shoal_request_error(request);
+    // The refusal names the call the user made, not the blocking one the runtime runs it through.
+    EXPECT_NE(std::string(shoal_request_error(request)).find("shoal_iallreduce: "), std::string::npos)
+        << shoal_request_error(request);
+    EXPECT_EQ(std::string(shoal_request_error(request)).find("shoal_allreduce_tensor"), std::string::npos)
+        << shoal_request_error(request);
     shoal_request_free(request);
 #else
     EXPECT_EQ(submitted, SHOAL_ERR_UNSUPPORTED);

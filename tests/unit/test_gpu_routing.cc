@@ -12,11 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "api/enter.h"
 #include "collectives/common/context.h"
 #include "collectives/common/reducer.h"
+#include "gpu/route.h"
 #include "harness/cuda_routing.h"
 #include "harness/harness.h"
 #include "harness/rank_sync.h"
+#include "plugin/driver.h"
 #include "plugin/registry.h"
 #include "shoal/compressor.h"
 #include "collectives/common/ring.h"
@@ -215,6 +218,71 @@ TEST(MemoryRouting, CudaTensorsWithoutCudaAreUnsupportedEverywhere) {
     start = Clock::now();
     expectRefused(shoal_broadcast_tensor(comm, &input, 1), SHOAL_ERR_UNSUPPORTED, comm, start,
                   {"shoal_broadcast_tensor", "CUDA"}, "broadcast");
+    start = Clock::now();
+    expectRefused(shoal_reduce_scatter_tensor(comm, &output, &input, SHOAL_SUM), SHOAL_ERR_UNSUPPORTED, comm, start,
+                  {"shoal_reduce_scatter_tensor", "CUDA"}, "reduce_scatter");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// ncclReduceScatter has no bitwise reduction: refused on every rank in every
+// build, before readiness (the fix is the op, whatever the machine).
+TEST(MemoryRouting, ReduceScatterOfCudaTensorsRefusesBitwiseOpsOnEveryRank) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    shoal_tensor_t input = cudaTensor(fakeDevicePointer(0), 4 * n, SHOAL_I32);
+    shoal_tensor_t output = cudaTensor(fakeDevicePointer(1), 4, SHOAL_I32);
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal_reduce_scatter_tensor(comm, &input, &output, rank == 1 ? SHOAL_BXOR : SHOAL_SUM);
+    if (rank == 1)
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start,
+                    {"shoal_reduce_scatter_tensor", "NCCL has no bxor", "shoal_allreduce_tensor"}, "bxor");
+    else if (cudaUsable())  // its own refusal (the fake pointer) or rank 1's
+      EXPECT_NE(status, SHOAL_OK) << "a peer of a rank that refused succeeded";
+    else
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start, {"CUDA"}, "CUDA tensors without CUDA");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// A wrong size on one rank of a CUDA reduce-scatter reaches the others at once.
+TEST(MemoryRouting, ReduceScatterSizeRefusalReachesEveryRank) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    shoal_tensor_t input = cudaTensor(fakeDevicePointer(0), rank == 0 ? 4 * n + 1 : 4 * n, SHOAL_F32);
+    shoal_tensor_t output = cudaTensor(fakeDevicePointer(1), 4, SHOAL_F32);
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal_reduce_scatter_tensor(comm, &input, &output, SHOAL_AVG);
+    if (rank == 0)
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {"input has 13 elements", "world size x output"},
+                    "size");
+    else if (cudaUsable())
+      expectRefused(status, SHOAL_ERR_INVALID_ARGUMENT, comm, start, {}, "peer of a bad rank");
+    else
+      expectRefused(status, SHOAL_ERR_UNSUPPORTED, comm, start, {"shoal_reduce_scatter_tensor", "CUDA"},
+                    "CUDA tensors without CUDA");
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
+
+// The driver's refusals of a CUDA allreduce name the entry point the caller
+// used (the route records it): the async runtime runs CUDA allreduces through
+// the driver with a route named shoal_iallreduce (runtime/cuda_requests.cc),
+// whose users never called shoal_allreduce_tensor.
+TEST(MemoryRouting, DriverRefusalsNameTheCallersEntryPoint) {
+  const int n = 2;
+  runRanks(n, [&](int, shoal_comm_t comm) {
+    shoal_tensor_t tensor = cudaTensor(fakeDevicePointer(), 16, SHOAL_F32);
+    Clock::time_point start = Clock::now();
+    shoal_status_t status = shoal::enter(comm, "routing-test", [&](shoal::Call& call) {
+      shoal::MemoryRoute route = shoal::routeOf("shoal_iallreduce", {&tensor, &tensor});
+      shoal::allreduceTensor(call.comm(), call.sequence(), tensor, tensor, SHOAL_SUM, nullptr, route);
+    });
+    // No CUDA: unsupported; a device: the fake pointer is not device memory.
+    expectRefused(status, cudaUsable() ? SHOAL_ERR_INVALID_ARGUMENT : SHOAL_ERR_UNSUPPORTED, comm, start,
+                  {"shoal_iallreduce: "}, "async allreduce's refusal");
+    EXPECT_EQ(std::string(shoal_last_error(comm)).find("shoal_allreduce_tensor"), std::string::npos)
+        << shoal_last_error(comm);
     expectUsable(comm, n);
   }, {nullptr, kTimeoutS});
 }
@@ -261,6 +329,45 @@ TEST(MemoryRouting, CompressorWithoutCudaCapabilityIsRefusedOnEveryRank) {
 }
 
 // ---- the tensor variants on host memory ------------------------------------------
+
+TEST(TensorCalls, HostReduceScatter) {
+  const int n = 3;
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    // Element j of every rank's input is j + 100 x rank: block r of the sum is (j x n + 300) for j in block r.
+    std::vector<int64_t> send(2 * n), recv(2, -1);
+    for (int j = 0; j < 2 * n; ++j) send[j] = j + 100 * rank;
+    const std::vector<int64_t> original = send;
+    shoal_tensor_t input = shoal_tensor_1d(send.data(), send.size(), SHOAL_I64);
+    shoal_tensor_t output = shoal_tensor_1d(recv.data(), recv.size(), SHOAL_I64);
+    if (callOk(shoal_reduce_scatter_tensor(comm, &input, &output, SHOAL_SUM), comm, "reduce_scatter"))
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(recv[i], (2 * rank + i) * n + 100 * n * (n - 1) / 2) << "element " << i;
+    EXPECT_EQ(send, original) << "the input changed";
+    // In place: output is this rank's block of input; min of the blocks.
+    shoal_tensor_t own = shoal_tensor_1d(send.data() + 2 * rank, 2, SHOAL_I64);
+    if (callOk(shoal_reduce_scatter_tensor(comm, &input, &own, SHOAL_MIN), comm, "reduce_scatter in place"))
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(send[2 * rank + i], 2 * rank + i) << "element " << i;
+    // A 2-D input of n x 2 and a 1-D output: shapes may differ, the counts may not.
+    shoal_tensor_t matrix = shoal_tensor_1d(send.data(), send.size(), SHOAL_I64);
+    matrix.ndim = 2;
+    matrix.shape[0] = n;
+    matrix.shape[1] = 2;
+    EXPECT_TRUE(callOk(shoal_reduce_scatter_tensor(comm, &matrix, &output, SHOAL_MAX), comm, "2-D input"));
+    // Wrong sizes, dtypes and overlaps are refused on this rank (every rank passes them here).
+    shoal_tensor_t big = shoal_tensor_1d(recv.data(), 3, SHOAL_I64);
+    EXPECT_EQ(shoal_reduce_scatter_tensor(comm, &input, &big, SHOAL_SUM), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("world size x output"), std::string::npos)
+        << shoal_last_error(comm);
+    shoal_tensor_t other = shoal_tensor_1d(recv.data(), 2, SHOAL_F64);
+    EXPECT_EQ(shoal_reduce_scatter_tensor(comm, &input, &other, SHOAL_SUM), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("output dtype double differs"), std::string::npos)
+        << shoal_last_error(comm);
+    shoal_tensor_t skewed = shoal_tensor_1d(send.data() + 1, 2, SHOAL_I64);
+    EXPECT_EQ(shoal_reduce_scatter_tensor(comm, &input, &skewed, SHOAL_SUM), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("overlap"), std::string::npos) << shoal_last_error(comm);
+    EXPECT_EQ(shoal_reduce_scatter_tensor(comm, nullptr, &output, SHOAL_SUM), SHOAL_ERR_INVALID_ARGUMENT);
+    expectUsable(comm, n);
+  }, {nullptr, kTimeoutS});
+}
 
 TEST(TensorCalls, HostAllgatherAndBroadcast) {
   const int n = 3;

@@ -367,7 +367,7 @@ class Communicator:
         compressor/compressor_options/compress_min_bytes: per call (None: SHOAL_COMPRESSOR etc.);
         name keys the compressor's state (error feedback) and is required by stateful ones."""
         code = parse_op(op)
-        src = B.describe(x, "x", writable=out is not None and out is x)
+        src = B.describe(x, "x", writable=out is not None and out is x, cuda=True)
         array, dst = self._output(src, out, src.shape)
         dst.tensor.ndim = src.tensor.ndim
         ctypes.memmove(ctypes.addressof(dst.tensor.shape), ctypes.addressof(src.tensor.shape), 8 * T.MAX_DIMS)
@@ -422,9 +422,10 @@ class Communicator:
     def alltoall(self, x, splits=None):
         """Rank r sends rows splits[p] of x (in order along the first axis) to rank p and returns
         (the rows received from every rank, concatenated in rank order; the list of their counts).
-        splits=None splits x evenly (its first extent must be a multiple of the world size)."""
+        splits=None splits x evenly (its first extent must be a multiple of the world size).
+        A torch CUDA tensor (a CUDA build) travels over NCCL; the result is made on its device."""
         import numpy as np
-        src = B.describe(x, "x")
+        src = B.describe(x, "x", cuda=True)
         if not src.shape:
             raise ValueError("shoal.alltoall: x is a scalar; pass an array with a first axis")
         rows, row_elems = src.shape[0], 1
@@ -435,21 +436,22 @@ class Communicator:
                 raise ValueError("shoal.alltoall: x has %d rows, not a multiple of the world size %d; pass splits"
                                  % (rows, self.size))
             array, dst = self._output(src, None, src.shape)
-            self._check(lib.shoal_alltoall(self.handle, src.address, dst.address, src.count // self.size, src.dtype))
+            self._check(lib.shoal_alltoall_tensor(self.handle, ctypes.byref(src.tensor), ctypes.byref(dst.tensor)))
             return array, [rows // self.size] * self.size
         splits = [int(s) for s in splits]
         if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
             raise ValueError("shoal.alltoall: splits must hold %d counts >= 0 that add up to x's %d rows, got %s"
                              % (self.size, rows, splits))
-        # Every peer's row count first (one int64 each way), then the rows.
+        # Every peer's row count first (one int64 each way, host memory whatever x's), then the rows:
+        # the output is made at its size on x's device (torch) and the tensor call fills it.
         mine, theirs = np.array(splits, dtype=np.int64), np.zeros(self.size, dtype=np.int64)
         self._check(lib.shoal_alltoall(self.handle, mine.ctypes.data, theirs.ctypes.data, 1, T.I64))
         received = [int(v) for v in theirs]
         array, dst = self._output(src, None, (sum(received),) + tuple(src.shape[1:]))
         sendcounts = (ctypes.c_size_t * self.size)(*[s * row_elems for s in splits])
         recvcounts = (ctypes.c_size_t * self.size)(*[r * row_elems for r in received])
-        self._check(lib.shoal_alltoallv(self.handle, src.address, sendcounts, None, dst.address, recvcounts, None,
-                                        src.dtype))
+        self._check(lib.shoal_alltoallv_tensor(self.handle, ctypes.byref(src.tensor), sendcounts, None,
+                                               ctypes.byref(dst.tensor), recvcounts, None))
         return array, received
 
     def broadcast(self, x, root=0, out=None):
@@ -461,9 +463,10 @@ class Communicator:
         return array
 
     def reduce_scatter(self, x, op="sum", out=None):
-        """x holds size blocks; rank r gets the reduction of block r (shape: x's first axis / size)."""
+        """x holds size blocks; rank r gets the reduction of block r (shape: x's first axis / size).
+        A torch CUDA tensor (a CUDA build) takes ncclReduceScatter (not the bitwise ops)."""
         code = parse_op(op)
-        src = B.describe(x, "x")
+        src = B.describe(x, "x", cuda=True)
         if src.count % self.size:
             raise ValueError("shoal.reduce_scatter: x holds %d elements, not a multiple of the %d ranks"
                              % (src.count, self.size))
@@ -472,8 +475,8 @@ class Communicator:
         else:
             shape = (src.count // self.size,)
         array, dst = self._output(src, out, shape)
-        self._check(lib.shoal_reduce_scatter(self.handle, src.address, dst.address, src.count // self.size,
-                                             src.dtype, code))
+        self._check(lib.shoal_reduce_scatter_tensor(self.handle, ctypes.byref(src.tensor), ctypes.byref(dst.tensor),
+                                                    code))
         return array
 
     def barrier(self):
@@ -565,9 +568,11 @@ class Communicator:
 
     def ialltoall(self, x, name, splits=None):
         """Submits a named alltoall (rows of x's first axis, as alltoall()) to the runtime; returns a
-        Request whose wait() gives (the received rows, the list of their counts per rank)."""
+        Request whose wait() gives (the received rows, the list of their counts per rank). A torch
+        CUDA tensor (a CUDA build): the rows arrive in device memory the request holds, and are
+        copied into a torch tensor on x's device (shoal_request_alltoall_copy) before it is freed."""
         cname = _cstr(name, "name")
-        src = B.describe(x, "x")
+        src = B.describe(x, "x", cuda=True)
         if not src.shape:
             raise ValueError("shoal.ialltoall: x is a scalar; pass an array with a first axis")
         rows, row_shape, row_elems = src.shape[0], tuple(src.shape[1:]), 1
@@ -592,12 +597,16 @@ class Communicator:
         size = self.size
 
         def collect(request):
+            # The library copies (host or device memory alike), so the binding needs no CUDA of its own.
             data, count = ctypes.c_void_p(), ctypes.c_size_t(0)
             counts = (ctypes.c_size_t * size)()
             check(lib.shoal_request_alltoall_result(request, ctypes.byref(data), ctypes.byref(count), counts))
             array, dst = self._output(src, None, (count.value // row_elems,) + row_shape)
-            if count.value:
-                ctypes.memmove(dst.address, data.value, dst.nbytes)
+            if dst.tensor.memory == T.MEMORY_CUDA and dst.tensor.stream != src.tensor.stream:
+                # torch may hand out memory whose last use is still queued on the current stream;
+                # the copy runs on the request's (the input's) stream: let the former finish first.
+                B._torch().cuda.current_stream(array.device).synchronize()
+            check(lib.shoal_request_alltoall_copy(request, dst.address, dst.nbytes))
             return array, [c // row_elems for c in counts]
         return Request(handle, (src, cname, sendcounts), None, None, name, collect)
 

@@ -201,8 +201,8 @@ def ccl_built():
 
 
 def cuda_built():
-    """Whether libshoal was built with CUDA: then allreduce, allgather and broadcast take CUDA tensors
-    (over NCCL; see docs/gpu.md for the stream rules)."""
+    """Whether libshoal was built with CUDA: then allreduce, allgather, broadcast, reducescatter and
+    alltoall (blocking and async) take CUDA tensors (over NCCL; see docs/gpu.md for the stream rules)."""
     return bool(_clib.shoal_built_with(b"cuda"))
 
 
@@ -275,8 +275,8 @@ def _op(op, average=None):
 
 
 def _check_tensor(tensor, what="tensor", cuda_ok=False):
-    """A torch tensor shoal.torch can take: CPU memory, or (cuda_ok: the async runtime's allreduce,
-    allgather and broadcast) CUDA memory when libshoal was built with CUDA."""
+    """A torch tensor shoal.torch can take: CPU memory, or (cuda_ok: every operation of this module
+    passes it) CUDA memory when libshoal was built with CUDA."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("%s must be a torch.Tensor, got %s" % (what, type(tensor).__name__))
     if tensor.device.type == "cpu":
@@ -288,7 +288,8 @@ def _check_tensor(tensor, what="tensor", cuda_ok=False):
                         "shoal.torch takes CPU tensors" % (what, tensor.device))
     if tensor.device.type == "cuda":
         raise TypeError("%s is on %s; this operation takes CPU tensors (CUDA tensors: allreduce, allgather with the "
-                        "same first extent on every rank, and broadcast)" % (what, tensor.device))
+                        "same first extent on every rank, broadcast, reducescatter and alltoall)"
+                        % (what, tensor.device))
     raise TypeError("%s is on %s; shoal.torch takes CPU tensors" % (what, tensor.device))
 
 
@@ -517,8 +518,9 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor over all ranks and gives rank r its share of dim 0 (the first
-    dim % size ranks get one row more, as in Horovod). Runs at submission."""
-    _check_tensor(tensor)
+    dim % size ranks get one row more, as in Horovod). Runs at submission. CUDA tensors (a CUDA
+    build): ncclReduceScatter when dim 0 splits evenly, else the CUDA allreduce and this rank's rows."""
+    _check_tensor(tensor, cuda_ok=True)
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
@@ -560,13 +562,14 @@ class _Reducescatter(torch.autograd.Function):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
-    _check_tensor(tensor)
+    _check_tensor(tensor, cuda_ok=True)
     return _Reducescatter.apply(tensor, name, _op(op), prescale_factor, postscale_factor, process_set)
 
 
 def _alltoall_now(tensor, splits):
-    """(received rows, received splits as an int32 tensor), run at once (blocking C call)."""
-    _check_tensor(tensor)
+    """(received rows, received splits as an int32 CPU tensor), run at once (blocking C call: a CUDA
+    tensor's rows arrive in a tensor on its device, sized from the exchanged splits)."""
+    _check_tensor(tensor, cuda_ok=True)
     if tensor.dim() == 0:
         raise ValueError("alltoall: tensor is a scalar; pass a tensor with at least one dimension")
     if splits is not None:
@@ -597,8 +600,8 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     """Horovod's alltoall: rank r sends splits[p] rows of tensor (dim 0, in order) to rank p and
     receives every rank's rows for it, concatenated in rank order. splits=None splits dim 0
     evenly. Returns the received tensor, and with splits also the received splits (an int32
-    tensor, as Horovod >= 0.26)."""
-    _check_tensor(tensor)
+    tensor on the CPU, as Horovod >= 0.26). CUDA tensors (a CUDA build) travel over NCCL."""
+    _check_tensor(tensor, cuda_ok=True)
     out, received = _Alltoall.apply(tensor, splits, name)
     return out if splits is None else (out, received)
 
@@ -606,8 +609,10 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """As alltoall, but returns a handle for synchronize(): a named request of the async runtime
     (shoal_ialltoall), negotiated and run in order with the other requests. Not differentiable
-    (as in Horovod). Rows of no elements (shape (n, 0, ...)) run at submission instead."""
-    _check_tensor(tensor)
+    (as in Horovod). Rows of no elements (shape (n, 0, ...)) run at submission instead. A CUDA
+    tensor's rows arrive in device memory the request holds; synchronize() returns them copied
+    into a tensor on its device (the library copies: shoal_request_alltoall_copy)."""
+    _check_tensor(tensor, cuda_ok=True)
     if tensor.dim() == 0:
         raise ValueError("alltoall: tensor is a scalar; pass a tensor with at least one dimension")
     if splits is not None:
