@@ -517,29 +517,30 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor over all ranks and gives rank r its share of dim 0 (the first
-    dim % size ranks get one row more, as in Horovod). Runs at submission."""
+    dim % size ranks get one row more, as in Horovod). A named request of the async runtime
+    (shoal_ireduce_scatter): negotiated and run in order with the other requests."""
     _check_tensor(tensor)
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
     comm = _comm_of(process_set)
-    work = tensor.contiguous().clone()
-    _scale(work, prescale_factor)
+    work = tensor.detach().contiguous()
+    if prescale_factor != 1.0:
+        work = work.clone()
+        _scale(work, prescale_factor)
     if work.dim() == 0:
         raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
-    rows = work.shape[0]
+    name = _auto_name("reducescatter", name)
+    finish = None
+    if postscale_factor != 1.0:
+        def finish(result):
+            _scale(result, postscale_factor)
+            return result
     try:
-        if rows % comm.size == 0:
-            out = comm.reduce_scatter(work, op=_OPS[op])
-        else:  # uneven split: reduce everything, keep this rank's rows
-            reduced = comm.allreduce(work, op=_OPS[op])
-            base, extra = divmod(rows, comm.size)
-            start = comm.rank * base + min(comm.rank, extra)
-            out = reduced.narrow(0, start, base + (1 if comm.rank < extra else 0)).clone()
+        request = comm.ireduce_scatter(work, name, op=_OPS[op])
     except ShoalError as error:
         _raise(error)
-    _scale(out, postscale_factor)
-    return _new_handle(_Done(out))
+    return _new_handle(request, finish)
 
 
 class _Reducescatter(torch.autograd.Function):
