@@ -432,6 +432,19 @@ shoal_status_t shoal_iallgather(shoal_comm_t comm, const char *name, const shoal
 /* Root's tensor->data is copied into every rank's tensor->data. */
 shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal_tensor_t *tensor, int root,
                                 shoal_request_t *request);
+/* Reduce-scatter of a named host tensor (Horovod's reducescatter, run by the
+ * runtime in order with the other requests; not fused): input, of the same
+ * dtype and shape on every rank, is reduced with op (any op valid for the
+ * dtype; SHOAL_AVG divides by the world size) and rank r's output gets its
+ * share of input's first dimension: rows / world_size rows, one more on the
+ * first rows % world_size ranks, rank r's starting at row
+ * r * (rows / world_size) + min(r, rows % world_size). output holds exactly
+ * that share's elements (any shape); input is not modified. The even form of
+ * shoal_reduce_scatter is the case rows % world_size == 0. Ranks that have
+ * joined (shoal_join) cannot stand in for it: SHOAL_ERR_UNSUPPORTED on its
+ * submitters. CUDA tensors are refused (SHOAL_ERR_UNSUPPORTED). */
+shoal_status_t shoal_ireduce_scatter(shoal_comm_t comm, const char *name, const shoal_tensor_t *input,
+                                     const shoal_tensor_t *output, shoal_op_t op, shoal_request_t *request);
 
 /* Alltoall of a named host tensor (Horovod's alltoall, run by the runtime in
  * order with the other requests): sendcounts[p] elements of input, in order,
@@ -490,9 +503,10 @@ shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_stats_t *stats);
  * blocks while its runtime keeps taking part in the other ranks' named
  * allreduces with zeros (sum and average only; average divides by the world
  * size), until every rank has joined. *last_rank (may be NULL) is the rank that
- * joined last. Allgather, broadcast, other ops and blocking calls submitted
- * while some rank has joined fail on their submitters (SHOAL_ERR_UNSUPPORTED),
- * and the joined ranks' shoal_join returns the same error once all joined.
+ * joined last. Allgather, broadcast, alltoall, reduce-scatter, other ops and
+ * blocking calls submitted while some rank has joined fail on their submitters
+ * (SHOAL_ERR_UNSUPPORTED), and the joined ranks' shoal_join returns the same
+ * error once all joined.
  * timeout_s as in shoal_wait; on SHOAL_ERR_TIMEOUT this rank stays joined and
  * a later shoal_join keeps waiting. Starts the async runtime if needed. */
 shoal_status_t shoal_join(shoal_comm_t comm, double timeout_s, int *last_rank);

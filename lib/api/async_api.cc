@@ -14,6 +14,7 @@
 #include "collectives/common/reducer.h"
 #include "core/config.h"
 #include "runtime/engine.h"
+#include "runtime/reduce_scatter.h"
 #if SHOAL_WITH_CUDA
 #include "gpu/cuda/stream_memory.h"
 #endif
@@ -190,6 +191,44 @@ SHOAL_EXPORT shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char* name
     r->meta.root = root;
     r->input = *tensor;
     r->output = *tensor;
+    return r;
+  });
+}
+
+SHOAL_EXPORT shoal_status_t shoal_ireduce_scatter(shoal_comm_t comm, const char* name, const shoal_tensor_t* input,
+                                                  const shoal_tensor_t* output, shoal_op_t op,
+                                                  shoal_request_t* request) {
+  const char* call = "shoal_ireduce_scatter";
+  return submit(comm, call, request, [&](shoal_comm& c) {
+    checkName(call, name);
+    auto r = std::make_shared<runtime::Request>();
+    r->name = name;
+    r->meta.kind = OpKind::ReduceScatter;
+    r->meta.shape = checkTensor(call, "input", input);
+    checkTensor(call, "output", output);
+    checkSameMemory(call, *input, *output);
+    if (input->memory == SHOAL_MEMORY_CUDA)  // a CUDA build; a build without CUDA refused it in checkTensor
+      fail(SHOAL_ERR_UNSUPPORTED, "{}: input is CUDA memory, and the async runtime's reduce-scatter takes host "
+           "tensors only; reduce-scatter CUDA tensors with the blocking shoal_reduce_scatter_tensor", call);
+    checkDtypeOp(call, input->dtype, op);
+    r->meta.dtype = input->dtype;
+    r->meta.op = op;
+    if (output->dtype != input->dtype)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", call,
+           shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
+    if (r->meta.shape.empty())
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input is 0-dimensional; pass a tensor with a first dimension (each rank "
+           "receives its share of the reduced tensor's rows)", call);
+    const size_t rows = static_cast<size_t>(r->meta.shape.front());
+    const runtime::RowShare share = runtime::shareOf(rows, c.size, c.rank);
+    const size_t row = runtime::rowElements(r->meta.shape);
+    const size_t have = checkedTensorElements(call, "output", *output);
+    if (have != share.rows * row)
+      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output holds {} elements, but rank {}'s share of input's {} rows over {} "
+           "ranks is {} rows of {} elements ({} elements; rows / world size each, one more on the first rows % "
+           "world size ranks)", call, have, c.rank, rows, c.size, share.rows, row, share.rows * row);
+    r->input = *input;
+    r->output = *output;
     return r;
   });
 }

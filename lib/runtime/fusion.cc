@@ -10,6 +10,7 @@
 #include "comm/host_ops.h"
 #include "plugin/driver.h"
 #include "runtime/alltoall.h"
+#include "runtime/reduce_scatter.h"
 #include "runtime/timeline.h"
 
 namespace shoal::runtime {
@@ -172,6 +173,8 @@ void runGroup(shoal_comm& comm, Group& group, std::vector<uint8_t>& fusionBuffer
     case OpKind::Alltoall:
     case OpKind::Alltoallv:
       return runAlltoall(comm, first, timeline);
+    case OpKind::ReduceScatter:
+      return runReduceScatter(comm, first, timeline);
     case OpKind::Allreduce:
       if (group.members.front()->compress) return runCompressedAllreduce(comm, group, timeline);
       return runPlainAllreduce(comm, group, fusionBuffer, timeline);

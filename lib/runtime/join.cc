@@ -18,9 +18,10 @@ std::string whyNoStandIn(const Metadata& meta) {
              "named async collectives while ranks may have joined";
     default:
       return fmt::format("a joined rank cannot stand in for {} (as in Horovod, only allreduce works with join)",
-                         meta.kind == OpKind::Allgather   ? "an allgather"
-                         : meta.kind == OpKind::Broadcast ? "a broadcast"
-                                                          : "an alltoall");
+                         meta.kind == OpKind::Allgather       ? "an allgather"
+                         : meta.kind == OpKind::Broadcast     ? "a broadcast"
+                         : meta.kind == OpKind::ReduceScatter ? "a reduce-scatter"
+                                                              : "an alltoall");
   }
   if (meta.op == SHOAL_SUM || meta.op == SHOAL_AVG || meta.op == SHOAL_BOR || meta.op == SHOAL_BXOR) return "";
   return fmt::format("a joined rank contributes zeros, which is not the identity of op {}; use sum or average "

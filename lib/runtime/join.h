@@ -6,7 +6,8 @@
 // the joined rank learns each name's dtype, shape and compressor from the full
 // round's announcements and runs a stand-in request on its engine thread.
 //
-// As in Horovod, allgather, broadcast and blocking calls cannot be stood in
+// As in Horovod ("... is not supported with Join"), allgather, broadcast,
+// alltoall, reduce-scatter and blocking calls cannot be stood in
 // for: they fail on the ranks that submitted them, and the joined ranks'
 // shoal_join reports the same text once every rank has joined. Average
 // divides by the communicator's size, joined ranks included (Horovod's too).

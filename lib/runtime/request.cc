@@ -18,6 +18,7 @@ const char* opKindName(OpKind kind) {
     case OpKind::Join: return "join";
     case OpKind::Alltoall: return "alltoall";
     case OpKind::Alltoallv: return "alltoallv";
+    case OpKind::ReduceScatter: return "reduce-scatter";
   }
   return "invalid";
 }
@@ -38,6 +39,7 @@ std::string Metadata::describe() const {
   if (kind == OpKind::Allreduce)
     text += fmt::format(" op {} compressor {}{}", shoal_op_name(op), compressor,
                         options.empty() ? "" : " (" + options + ")");
+  if (kind == OpKind::ReduceScatter) text += fmt::format(" op {}", shoal_op_name(op));
   if (kind == OpKind::Broadcast) text += fmt::format(" root {}", root);
   if (memory != SHOAL_MEMORY_HOST) text += fmt::format(" in {}", memoryName(memory));
   return text;

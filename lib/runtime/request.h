@@ -16,7 +16,7 @@
 namespace shoal::runtime {
 
 enum class OpKind : uint8_t { Allreduce = 0, Allgather = 1, Broadcast = 2, Blocking = 3, Join = 4, Alltoall = 5,
-                              Alltoallv = 6 };
+                              Alltoallv = 6, ReduceScatter = 7 };
 const char* opKindName(OpKind kind);
 const char* memoryName(shoal_memory_t memory);  // "host memory", "CUDA memory"
 
@@ -31,13 +31,13 @@ inline constexpr const char* kJoinName = "__shoal_join";
 struct Metadata {
   OpKind kind = OpKind::Allreduce;
   shoal_dtype_t dtype = SHOAL_F32;
-  shoal_op_t op = SHOAL_SUM;
+  shoal_op_t op = SHOAL_SUM;     // allreduce, reduce-scatter
   int root = -1;                 // broadcast only
   // Where the tensors live: CUDA requests never fuse with host ones and run
   // through the CUDA path (runtime/cuda_requests.h). The device ordinal is
   // each rank's own business, not agreed.
   shoal_memory_t memory = SHOAL_MEMORY_HOST;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // reduce-scatter: the input's (every rank's output is its share of dim 0)
   std::string compressor;        // allreduce: "none" = uncompressed
   std::string options;
   long long minBytes = 0;

@@ -566,6 +566,26 @@ class Communicator:
         self._check(lib.shoal_ibroadcast(self.handle, cname, ctypes.byref(dst.tensor), root, ctypes.byref(handle)))
         return Request(handle, (src, dst, cname), array, None, name)
 
+    def ireduce_scatter(self, x, name, op="sum", out=None):
+        """Submits a named reduce-scatter (shoal_ireduce_scatter) to the runtime; returns a Request
+        whose wait() gives out: this rank's share of the reduction's first axis, rows // size rows
+        (one more on the first rows % size ranks), a fresh array when out is None. Host memory only."""
+        code = parse_op(op)
+        cname = _cstr(name, "name")
+        src = B.describe(x, "x")
+        if not src.shape:
+            raise ValueError("shoal.ireduce_scatter: x is a scalar; pass an array with a first axis")
+        if len(src.shape) > T.MAX_DIMS:
+            raise ValueError("shoal.ireduce_scatter: x has %d dimensions, more than %d; reshape it"
+                             % (len(src.shape), T.MAX_DIMS))
+        rows, size, rank = src.shape[0], self.size, self.rank
+        share = rows // size + (1 if rank < rows % size else 0)
+        array, dst = self._output(src, out, (share,) + tuple(src.shape[1:]))
+        handle = ctypes.c_void_p()
+        self._check(lib.shoal_ireduce_scatter(self.handle, cname, ctypes.byref(src.tensor), ctypes.byref(dst.tensor),
+                                              code, ctypes.byref(handle)))
+        return Request(handle, (src, dst, cname), array, None, name)
+
     def ialltoall(self, x, name, splits=None):
         """Submits a named alltoall (rows of x's first axis, as alltoall()) to the runtime; returns a
         Request whose wait() gives (the received rows, the list of their counts per rank). A torch

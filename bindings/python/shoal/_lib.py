@@ -89,6 +89,7 @@ DECLARATIONS = {
     "shoal_iallreduce": (_s, [_p, _str, P(T.Tensor), P(T.Tensor), _i, P(T.AsyncOptions), P(_p)]),
     "shoal_iallgather": (_s, [_p, _str, P(T.Tensor), _p, P(_p)]),
     "shoal_ibroadcast": (_s, [_p, _str, P(T.Tensor), _i, P(_p)]),
+    "shoal_ireduce_scatter": (_s, [_p, _str, P(T.Tensor), P(T.Tensor), _i, P(_p)]),
     "shoal_ialltoall": (_s, [_p, _str, P(T.Tensor), P(_size), P(_p)]),
     "shoal_request_alltoall_result": (_s, [_p, P(_p), P(_size), P(_size)]),
     "shoal_request_alltoall_copy": (_s, [_p, _p, _size]),

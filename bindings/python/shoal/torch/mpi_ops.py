@@ -516,11 +516,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
-def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces tensor over all ranks and gives rank r its share of dim 0 (the first
-    dim % size ranks get one row more, as in Horovod). Runs at submission. CUDA tensors (a CUDA
-    build): ncclReduceScatter when dim 0 splits evenly, else the CUDA allreduce and this rank's rows."""
-    _check_tensor(tensor, cuda_ok=True)
+def _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor):
+    """reducescatter of a CUDA tensor at submission (the async runtime takes host tensors for it)."""
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
@@ -542,6 +539,38 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
         _raise(error)
     _scale(out, postscale_factor)
     return _new_handle(_Done(out))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces tensor over all ranks and gives rank r its share of dim 0 (the first
+    dim % size ranks get one row more, as in Horovod). CPU tensors: a named request of the async
+    runtime (shoal_ireduce_scatter), negotiated and run in order with the other requests. CUDA
+    tensors (a CUDA build) run at submission: ncclReduceScatter when dim 0 splits evenly, else the
+    CUDA allreduce and this rank's rows."""
+    _check_tensor(tensor, cuda_ok=True)
+    if tensor.is_cuda:
+        return _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor)
+    op = _op(op)
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError("reducescatter: unsupported op %r" % (op,))
+    comm = _comm_of(process_set)
+    work = tensor.detach().contiguous()
+    if prescale_factor != 1.0:
+        work = work.clone()
+        _scale(work, prescale_factor)
+    if work.dim() == 0:
+        raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
+    name = _auto_name("reducescatter", name)
+    finish = None
+    if postscale_factor != 1.0:
+        def finish(result):
+            _scale(result, postscale_factor)
+            return result
+    try:
+        request = comm.ireduce_scatter(work, name, op=_OPS[op])
+    except ShoalError as error:
+        _raise(error)
+    return _new_handle(request, finish)
 
 
 class _Reducescatter(torch.autograd.Function):
