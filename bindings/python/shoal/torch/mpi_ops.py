@@ -305,6 +305,17 @@ def _raise(error):
     raise HorovodInternalError(error) from None
 
 
+def _postscaler(factor):
+    """A handle's finish that scales the result by factor in place (None where factor is 1)."""
+    if factor == 1.0:
+        return None
+
+    def finish(result):
+        _scale(result, factor)
+        return result
+    return finish
+
+
 # ---- allreduce -------------------------------------------------------------------------------------------
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, compression, process_set=None):
     _check_tensor(tensor, cuda_ok=True)
@@ -316,11 +327,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     compressor, options = ("none", None)
     if op in (Average, Sum):
         compressor, options = compression.shoal_compressor(output)
-    finish = None
-    if postscale_factor != 1.0:
-        def finish(result):
-            _scale(result, postscale_factor)
-            return result
+    finish = _postscaler(postscale_factor)
     try:
         request = comm.iallreduce(output, name, out=output, op=_OPS[op], compressor=compressor,
                                      compressor_options=options)
@@ -561,11 +568,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     if work.dim() == 0:
         raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
     name = _auto_name("reducescatter", name)
-    finish = None
-    if postscale_factor != 1.0:
-        def finish(result):
-            _scale(result, postscale_factor)
-            return result
+    finish = _postscaler(postscale_factor)
     try:
         request = comm.ireduce_scatter(work, name, op=_OPS[op])
     except ShoalError as error:
