@@ -581,6 +581,9 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
         ctx.process_set = process_set
+        # An uneven split gives the ranks gradients of different first extents, which the CUDA
+        # allgather does not take (it needs one shape on every rank): those gather on the host.
+        ctx.uneven_cuda = tensor.is_cuda and tensor.shape[0] % _comm_of(process_set).size != 0
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
@@ -589,7 +592,11 @@ class _Reducescatter(torch.autograd.Function):
         if ctx.op == Sum:
             grad_output *= _comm_of(ctx.process_set).size
         grad_output *= ctx.prescale_factor * ctx.postscale_factor
-        return allgather(grad_output, process_set=ctx.process_set), None, None, None, None, None
+        if ctx.uneven_cuda:
+            grad = allgather(grad_output.cpu(), process_set=ctx.process_set).to(grad_output.device)
+        else:
+            grad = allgather(grad_output, process_set=ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
