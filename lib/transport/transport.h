@@ -84,12 +84,11 @@ class Transport {
   // Returns once at least one of `requests` is complete (at once if one is
   // already), or throws as waitAll does: for a caller that drives several
   // operations at once and serves whichever can move (the pipelined
-  // hierarchical allreduce). A backend that cannot wait for any waits for the
-  // first request that is not complete: slower, never wrong.
-  virtual void waitAny(Request* requests, size_t count, Deadline deadline) {
-    for (size_t i = 0; i < count; ++i)
-      if (!requests[i].done) return waitAll(&requests[i], 1, deadline);
-  }
+  // hierarchical allreduce). Every backend must implement it: waiting for one
+  // particular request instead would block the caller's other operations,
+  // which its ring neighbours may be waiting for (a cycle only the deadline
+  // breaks).
+  virtual void waitAny(Request* requests, size_t count, Deadline deadline) = 0;
   // Throws if a peer has aborted the communicator. Called when a collective
   // completes: its data may have been waiting for a late rank while the peers
   // gave up on the call, and then the late rank must fail too.
