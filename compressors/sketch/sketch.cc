@@ -578,7 +578,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       zeros = plan.members.size();
     else if (plan.mode == Mode::Sketch && plan.floatCells)
       zeros = 3 * plan.geometry.part;
-    std::fill_n(s.dense.data() + plan.valueOffset, zeros, 0.0f);
+    if (zeros > 0) std::fill_n(s.dense.data() + plan.valueOffset, zeros, 0.0f);  // data() is null when empty
   }
   s.presizedLeftovers.assign(presizedLeftoverWords, 0);
   for (int t = 0; t < op->num_tensors; ++t) {
