@@ -524,15 +524,11 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
 def _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor):
-    """reducescatter of a CUDA tensor at submission (the async runtime takes host tensors for it)."""
-    op = _op(op)
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError("reducescatter: unsupported op %r" % (op,))
+    """reducescatter of a CUDA tensor at submission (the async runtime takes host tensors for it);
+    op and shape already checked by reducescatter_async."""
     comm = _comm_of(process_set)
     work = tensor.contiguous().clone()
     _scale(work, prescale_factor)
-    if work.dim() == 0:
-        raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
     rows = work.shape[0]
     try:
         if rows % comm.size == 0:
@@ -555,18 +551,18 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     tensors (a CUDA build) run at submission: ncclReduceScatter when dim 0 splits evenly, else the
     CUDA allreduce and this rank's rows."""
     _check_tensor(tensor, cuda_ok=True)
-    if tensor.is_cuda:
-        return _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor)
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
+    if tensor.is_cuda:
+        return _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor)
     comm = _comm_of(process_set)
     work = tensor.detach().contiguous()
     if prescale_factor != 1.0:
         work = work.clone()
         _scale(work, prescale_factor)
-    if work.dim() == 0:
-        raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
     name = _auto_name("reducescatter", name)
     finish = _postscaler(postscale_factor)
     try:
