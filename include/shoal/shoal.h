@@ -432,7 +432,7 @@ shoal_status_t shoal_iallgather(shoal_comm_t comm, const char *name, const shoal
 /* Root's tensor->data is copied into every rank's tensor->data. */
 shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal_tensor_t *tensor, int root,
                                 shoal_request_t *request);
-/* Reduce-scatter of a named host tensor (Horovod's reducescatter, run by the
+/* Reduce-scatter of a named tensor (Horovod's reducescatter, run by the
  * runtime in order with the other requests; not fused): input, of the same
  * dtype and shape on every rank, is reduced with op (any op valid for the
  * dtype; SHOAL_AVG divides by the world size) and rank r's output gets its
@@ -442,7 +442,9 @@ shoal_status_t shoal_ibroadcast(shoal_comm_t comm, const char *name, const shoal
  * that share's elements (any shape); input is not modified. The even form of
  * shoal_reduce_scatter is the case rows % world_size == 0. Ranks that have
  * joined (shoal_join) cannot stand in for it: SHOAL_ERR_UNSUPPORTED on its
- * submitters. CUDA tensors are refused (SHOAL_ERR_UNSUPPORTED). */
+ * submitters. CUDA input and output (a CUDA build; both on one device) run
+ * over NCCL on the input's stream, complete when the request is; a build
+ * without CUDA refuses them (SHOAL_ERR_UNSUPPORTED). */
 shoal_status_t shoal_ireduce_scatter(shoal_comm_t comm, const char *name, const shoal_tensor_t *input,
                                      const shoal_tensor_t *output, shoal_op_t op, shoal_request_t *request);
 

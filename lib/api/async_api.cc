@@ -207,9 +207,7 @@ SHOAL_EXPORT shoal_status_t shoal_ireduce_scatter(shoal_comm_t comm, const char*
     r->meta.shape = checkTensor(call, "input", input);
     checkTensor(call, "output", output);
     checkSameMemory(call, *input, *output);
-    if (input->memory == SHOAL_MEMORY_CUDA)  // a CUDA build; a build without CUDA refused it in checkTensor
-      fail(SHOAL_ERR_UNSUPPORTED, "{}: input is CUDA memory, and the async runtime's reduce-scatter takes host "
-           "tensors only; reduce-scatter CUDA tensors with the blocking shoal_reduce_scatter_tensor", call);
+    r->meta.memory = input->memory;  // CUDA (a CUDA build): runtime/cuda_requests.h
     checkDtypeOp(call, input->dtype, op);
     r->meta.dtype = input->dtype;
     r->meta.op = op;

@@ -1,5 +1,8 @@
 #include "runtime/cuda_requests.h"
 
+#include <cstdint>
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "comm/call.h"
@@ -7,6 +10,7 @@
 #include "gpu/route.h"
 #include "plugin/driver.h"
 #include "runtime/alltoall.h"
+#include "runtime/reduce_scatter.h"
 #include "runtime/timeline.h"
 
 #if SHOAL_WITH_CUDA
@@ -64,6 +68,51 @@ void runCudaAlltoall(shoal_comm& comm, uint64_t sequence, Request& r) {
                               r.deviceReceived.get(), std::move(recv)});
 }
 
+// The async reduce-scatter on CUDA memory, with the host form's shares
+// (runtime/reduce_scatter.h). Rows that split evenly under an op NCCL reduces:
+// ncclReduceScatter straight into the output. Otherwise (uneven rows, the
+// bitwise ops) the CUDA allreduce into device memory of its own, then this
+// rank's rows copied out; every rank takes the same branch, as rows and op
+// were negotiated. A rank that cannot allocate refuses in the agreement round.
+void runCudaReduceScatter(shoal_comm& comm, uint64_t sequence, Request& r) {
+  const char* call = "shoal_ireduce_scatter";
+  const size_t element = dtypeSize(r.meta.dtype), total = r.meta.elements();
+  const size_t rows = static_cast<size_t>(r.meta.shape.front()), row = rowElements(r.meta.shape);
+  MemoryRoute route = routeOf(call, {&r.input, &r.output});
+  checkCudaReady(comm, call, route);
+  if (rows % static_cast<size_t>(comm.size) == 0 && ncclReduces(r.meta.op))
+    return cudaReduceScatter(comm, sequence, route, r.input.data, r.output.data, total / comm.size, r.meta.dtype,
+                             r.meta.op);
+  void* reduced = nullptr;
+  std::shared_ptr<void> holder;  // freed on return, after the copy (or the failure)
+#if SHOAL_WITH_CUDA
+  if (route.refusal == SHOAL_OK) {
+    cuda::DeviceScope onDevice(route.device);
+    const char* error = onDevice.error() ? onDevice.error() : cuda::allocDevice(&reduced, total * element);
+    if (error != nullptr)
+      route.refuse(SHOAL_ERR_NO_MEMORY, fmt::format("{}: {} bytes of device memory on device {} for the reduced "
+                                                    "tensor: {}", call, total * element, route.device, error));
+    else
+      holder = std::shared_ptr<void>(reduced, [](void* p) { cuda::freeDevice(p); });
+  }
+#endif
+  cudaAllreduce(comm, sequence, route, r.input.data, reduced, total, r.meta.dtype, r.meta.op);
+  const RowShare share = shareOf(rows, comm.size, comm.rank);
+  const size_t bytes = share.rows * row * element;
+  if (bytes == 0) return;
+#if SHOAL_WITH_CUDA
+  cuda::DeviceScope onDevice(route.device);
+  const char* error = onDevice.error();
+  if (error == nullptr)
+    error = cuda::copyAsync(r.output.data, static_cast<const uint8_t*>(reduced) + share.first * row * element, bytes,
+                            route.stream);
+  if (error == nullptr) error = cuda::synchronize(route.stream);
+  if (error != nullptr)
+    fail(SHOAL_ERR_SYSTEM, "{}: copying rank {}'s {} bytes out of the reduced tensor on CUDA device {}: {}", call,
+         comm.rank, bytes, route.device, error);
+#endif
+}
+
 }  // namespace
 
 void runCudaRequest(shoal_comm& comm, Request& r, Timeline* timeline) {
@@ -105,6 +154,10 @@ void runCudaRequest(shoal_comm& comm, Request& r, Timeline* timeline) {
     case OpKind::Alltoallv:
       runCudaAlltoall(comm, sequence, r);
       phase = "CUDA_ALLTOALL";
+      break;
+    case OpKind::ReduceScatter:
+      runCudaReduceScatter(comm, sequence, r);
+      phase = "CUDA_REDUCESCATTER";
       break;
     default:  // submission refuses every other kind on CUDA tensors
       fail(SHOAL_ERR_INTERNAL, "async runtime: a {} request on CUDA tensors reached the engine",

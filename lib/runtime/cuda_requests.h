@@ -16,8 +16,8 @@ class Timeline;
 
 inline bool onCuda(const Request& request) { return request.meta.memory == SHOAL_MEMORY_CUDA; }
 
-// Runs one CUDA request (allreduce, allgather, broadcast or alltoall(v): what
-// arrives is then device memory the request holds) and throws on
+// Runs one CUDA request (allreduce, allgather, broadcast, reduce-scatter or
+// alltoall(v): what arrives is then device memory the request holds) and throws on
 // failure, with every rank's refusal reaching every rank; the caller
 // completes the request.
 void runCudaRequest(shoal_comm& comm, Request& request, Timeline* timeline);

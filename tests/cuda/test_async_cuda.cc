@@ -1,5 +1,5 @@
 // The async runtime on CUDA tensors (docs/gpu.md, "Async requests on CUDA
-// tensors"): iallreduce, iallgather, ibroadcast and ialltoall of device memory against
+// tensors"): iallreduce, iallgather, ibroadcast, ireduce_scatter and ialltoall of device memory against
 // the values every rank can compute, with host requests of the same cycle
 // beside them (those fuse; the CUDA ones never do, which the stats show), and
 // a host/CUDA disagreement on one name as MISMATCH on every rank. One rank per
@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,86 @@ TEST(AsyncCudaDevice, AlltoallOfDeviceTensorsGivesDeviceMemory) {
       ASSERT_EQ(cudaMemcpy(got.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_EQ(got, expected) << name;
       shoal_request_free(request);
+    }
+  });
+}
+
+// The async reduce-scatter of device memory: rank r gets its rows of dim 0 (rows / n each, one
+// more on the first rows % n ranks) in its device output. Even rows under sum go through
+// ncclReduceScatter; uneven rows and a bitwise op (i32 xor) through the CUDA allreduce and a copy
+// of this rank's rows, so one device (n = 1) still runs both branches.
+TEST(AsyncCudaDevice, ReduceScatterOfDeviceTensorsGivesEveryRankItsRows) {
+  std::string why;
+  const int devices = devicesOrSkip(&why);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int n = std::min(devices, 4);
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    struct Case {
+      const char* name;
+      shoal_dtype_t dtype;
+      shoal_op_t op;
+      int64_t rows;
+    };
+    const Case cases[] = {{"even-sum", SHOAL_F32, SHOAL_SUM, 4 * n},
+                          {"uneven-avg", SHOAL_F32, SHOAL_AVG, 2 * n + 1},
+                          {"fewer-rows-max", SHOAL_F32, SHOAL_MAX, 1},
+                          {"even-xor", SHOAL_I32, SHOAL_BXOR, 2 * n}};
+    const int64_t row = 3;
+    for (const Case& c : cases) {
+      const size_t total = static_cast<size_t>(c.rows * row);
+      const int64_t base = c.rows / n, extra = c.rows % n;
+      const int64_t first = rank * base + std::min<int64_t>(rank, extra), mine = base + (rank < extra ? 1 : 0);
+      // Rank r's element i: (r + 1) * (i % 7 + 1) as a float, or a bit pattern for xor.
+      auto value = [&](int r, size_t i) { return (r + 1) * static_cast<int>(i % 7 + 1); };
+      std::vector<int32_t> bits(total);
+      std::vector<float> floats(total);
+      for (size_t i = 0; i < total; ++i) {
+        bits[i] = (1 << ((i + rank) % 16)) | rank;
+        floats[i] = static_cast<float>(value(rank, i));
+      }
+      void* input = nullptr;
+      void* output = nullptr;
+      ASSERT_EQ(cudaMalloc(&input, total * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&output, std::max<size_t>(mine * row, 1) * 4), cudaSuccess);
+      const void* host = c.dtype == SHOAL_I32 ? static_cast<const void*>(bits.data()) : floats.data();
+      ASSERT_EQ(cudaMemcpy(input, host, total * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      shoal_tensor_t in = shoal_tensor_1d(input, total, c.dtype), out = shoal_tensor_1d(output, mine * row, c.dtype);
+      in.ndim = out.ndim = 2;
+      in.shape[0] = c.rows;
+      out.shape[0] = mine;
+      in.shape[1] = out.shape[1] = row;
+      in.memory = out.memory = SHOAL_MEMORY_CUDA;
+      in.device = out.device = rank;
+      shoal_request_t request = nullptr;
+      ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, c.name, &in, &out, c.op, &request), comm, c.name));
+      ASSERT_EQ(shoal_wait(request, 60), SHOAL_OK) << c.name << ": " << shoal_request_error(request);
+      shoal_request_free(request);
+      std::vector<int32_t> gotBits(mine * row);
+      std::vector<float> gotFloats(mine * row);
+      void* got = c.dtype == SHOAL_I32 ? static_cast<void*>(gotBits.data()) : gotFloats.data();
+      ASSERT_EQ(cudaMemcpy(got, output, mine * row * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t k = 0; k < mine * row; ++k) {
+        const size_t i = static_cast<size_t>(first * row + k);
+        if (c.dtype == SHOAL_I32) {
+          int32_t want = 0;
+          for (int r = 0; r < n; ++r) want ^= (1 << ((i + r) % 16)) | r;
+          EXPECT_EQ(gotBits[k], want) << c.name << " element " << i;
+        } else {
+          float sum = 0, max = static_cast<float>(value(0, i));
+          for (int r = 0; r < n; ++r) {
+            sum += static_cast<float>(value(r, i));
+            max = std::max(max, static_cast<float>(value(r, i)));
+          }
+          const float want = c.op == SHOAL_SUM ? sum : c.op == SHOAL_AVG ? sum / static_cast<float>(n) : max;
+          if (c.op == SHOAL_AVG)  // a sum of small integers, then one division (or its reciprocal's product)
+            EXPECT_FLOAT_EQ(gotFloats[k], want) << c.name << " element " << i;
+          else
+            EXPECT_EQ(gotFloats[k], want) << c.name << " element " << i;
+        }
+      }
+      cudaFree(input);
+      cudaFree(output);
     }
   });
 }

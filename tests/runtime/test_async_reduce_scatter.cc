@@ -3,8 +3,8 @@
 // and uneven rows (fewer rows than ranks included), in negotiated order with
 // other requests and blocking calls, on split communicators; disagreements
 // (collective, dtype, op, shape, different names) an error on every rank;
-// a late rank a timeout, a dead one an error with text; refused under join
-// and for CUDA tensors; the argument checks.
+// a late rank a timeout, a dead one an error with text; refused under join;
+// CUDA tensors that cannot run refused on every rank; the argument checks.
 //
 // The dead-peer test forks its ranks, so it comes first: when the binary runs
 // every test in one process, it forks before any other test made threads.
@@ -441,15 +441,84 @@ TEST(AsyncReduceScatter, ArgumentsAreChecked) {
             "name is NULL");
     refused(shoal_ireduce_scatter(comm, "null", nullptr, &fine, SHOAL_SUM, &request), SHOAL_ERR_INVALID_ARGUMENT,
             "input is NULL");
-    // CUDA tensors are refused at submission, before their memory is touched,
-    // in every build (a CUDA build: this runtime's reduce-scatter is host only).
-    shoal_tensor_t deviceIn = input, deviceOut = fine;
-    deviceIn.memory = deviceOut.memory = SHOAL_MEMORY_CUDA;
-    refused(shoal_ireduce_scatter(comm, "cuda", &deviceIn, &deviceOut, SHOAL_SUM, &request), SHOAL_ERR_UNSUPPORTED,
-            "host");
+    // A build without CUDA refuses CUDA tensors at submission, before their
+    // memory is touched (a CUDA build takes them: the next tests).
+    if (!shoal_built_with("cuda")) {
+      shoal_tensor_t deviceIn = input, deviceOut = fine;
+      deviceIn.memory = deviceOut.memory = SHOAL_MEMORY_CUDA;
+      refused(shoal_ireduce_scatter(comm, "cuda", &deviceIn, &deviceOut, SHOAL_SUM, &request), SHOAL_ERR_UNSUPPORTED,
+              "host");
+    }
     // And the right share goes through.
     ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, "fine", &input, &fine, SHOAL_SUM, &request), comm, "fine"));
     EXPECT_EQ(shoal_wait(request, kWaitS), SHOAL_OK) << shoal_request_error(request);
+    shoal_request_free(request);
+  });
+}
+
+// CUDA tensors in a CUDA build, on the CPU: pointers that are not device
+// memory (or no device at all) are refused in the CUDA call's agreement round,
+// so the request fails on every rank with the refusing rank's text, on both
+// branches of the CUDA path (even rows: ncclReduceScatter; uneven rows and the
+// bitwise ops: the CUDA allreduce), and the runtime goes on. The device runs
+// are tests/cuda/test_async_cuda.cc (AsyncCudaDevice.ReduceScatter*).
+TEST(AsyncReduceScatter, CudaTensorsThatCannotRunFailOnEveryRankAndTheRuntimeGoesOn) {
+  if (!shoal_built_with("cuda")) GTEST_SKIP() << "a build without CUDA refuses CUDA tensors at submission (checked above)";
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    struct Case {
+      const char* name;
+      shoal_dtype_t dtype;
+      shoal_op_t op;
+      int64_t rows;
+    };
+    const Case cases[] = {{"even", SHOAL_F32, SHOAL_SUM, 4}, {"uneven", SHOAL_F32, SHOAL_AVG, 5},
+                          {"bitwise", SHOAL_I32, SHOAL_BXOR, 4}};
+    for (const Case& c : cases) {
+      const int64_t share = c.rows / 2 + (rank < c.rows % 2 ? 1 : 0);
+      // Never dereferenced: refused before any device work.
+      shoal_tensor_t input = tensorOf(reinterpret_cast<void*>(uintptr_t(0x7f0000000000)), c.dtype, {c.rows, 3});
+      shoal_tensor_t output = tensorOf(reinterpret_cast<void*>(uintptr_t(0x7f0000100000)), c.dtype, {share, 3});
+      input.memory = output.memory = SHOAL_MEMORY_CUDA;
+      shoal_request_t request = nullptr;
+      ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, c.name, &input, &output, c.op, &request), comm, c.name));
+      const auto start = std::chrono::steady_clock::now();
+      const shoal_status_t status = shoal_wait(request, kWaitS);
+      const std::string text = shoal_request_error(request);
+      EXPECT_TRUE(status == SHOAL_ERR_UNSUPPORTED || status == SHOAL_ERR_INVALID_ARGUMENT)
+          << c.name << ": " << shoal_status_string(status) << ": " << text;
+      EXPECT_NE(text.find("shoal_ireduce_scatter"), std::string::npos) << text;
+      EXPECT_NE(text.find("CUDA"), std::string::npos) << text;
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << c.name << ": waited, " << text;
+      shoal_request_free(request);
+    }
+    // The runtime and the communicator go on: a host reduce-scatter is exact.
+    std::vector<float> in(4, static_cast<float>(rank + 1)), out(2);
+    shoal_tensor_t input = tensorOf(in.data(), SHOAL_F32, {4}), output = tensorOf(out.data(), SHOAL_F32, {2});
+    shoal_request_t request = nullptr;
+    ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, "host", &input, &output, SHOAL_SUM, &request), comm, "host"));
+    ASSERT_EQ(shoal_wait(request, kWaitS), SHOAL_OK) << shoal_request_error(request);
+    EXPECT_EQ(out, std::vector<float>(2, 3.0f));
+    shoal_request_free(request);
+  });
+}
+
+// Host tensors on one rank and CUDA tensors on the other: the memory kind is
+// part of the negotiated metadata, so it is a mismatch on every rank.
+TEST(AsyncReduceScatter, HostOnOneRankAndCudaOnTheOtherIsAMismatchEverywhere) {
+  if (!shoal_built_with("cuda")) GTEST_SKIP() << "a build without CUDA refuses CUDA tensors at submission";
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    std::vector<float> in(4, 1.0f), out(2);
+    shoal_tensor_t input = tensorOf(in.data(), SHOAL_F32, {4}), output = tensorOf(out.data(), SHOAL_F32, {2});
+    if (rank == 1) {
+      input.data = reinterpret_cast<void*>(uintptr_t(0x7f0000000000));  // never dereferenced
+      output.data = reinterpret_cast<void*>(uintptr_t(0x7f0000100000));
+      input.memory = output.memory = SHOAL_MEMORY_CUDA;
+    }
+    shoal_request_t request = nullptr;
+    ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, "mixed", &input, &output, SHOAL_SUM, &request), comm, "mixed"));
+    EXPECT_EQ(shoal_wait(request, kWaitS), SHOAL_ERR_MISMATCH) << shoal_request_error(request);
+    const std::string text = shoal_request_error(request);
+    EXPECT_NE(text.find("memory"), std::string::npos) << text;
     shoal_request_free(request);
   });
 }

@@ -569,10 +569,11 @@ class Communicator:
     def ireduce_scatter(self, x, name, op="sum", out=None):
         """Submits a named reduce-scatter (shoal_ireduce_scatter) to the runtime; returns a Request
         whose wait() gives out: this rank's share of the reduction's first axis, rows // size rows
-        (one more on the first rows % size ranks), a fresh array when out is None. Host memory only."""
+        (one more on the first rows % size ranks), a fresh array when out is None. A torch CUDA
+        tensor (a CUDA build): out is on x's device, written by NCCL on x's stream."""
         code = parse_op(op)
         cname = _cstr(name, "name")
-        src = B.describe(x, "x")
+        src = B.describe(x, "x", cuda=True)
         if not src.shape:
             raise ValueError("shoal.ireduce_scatter: x is a scalar; pass an array with a first axis")
         if len(src.shape) > T.MAX_DIMS:

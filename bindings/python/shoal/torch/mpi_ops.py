@@ -523,41 +523,18 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 
 # ---- reducescatter, alltoall -----------------------------------------------------------------------------
-def _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor):
-    """reducescatter of a CUDA tensor at submission (the async runtime takes host tensors for it);
-    op and shape already checked by reducescatter_async."""
-    comm = _comm_of(process_set)
-    work = tensor.contiguous().clone()
-    _scale(work, prescale_factor)
-    rows = work.shape[0]
-    try:
-        if rows % comm.size == 0:
-            out = comm.reduce_scatter(work, op=_OPS[op])
-        else:  # uneven split: reduce everything, keep this rank's rows
-            reduced = comm.allreduce(work, op=_OPS[op])
-            base, extra = divmod(rows, comm.size)
-            start = comm.rank * base + min(comm.rank, extra)
-            out = reduced.narrow(0, start, base + (1 if comm.rank < extra else 0)).clone()
-    except ShoalError as error:
-        _raise(error)
-    _scale(out, postscale_factor)
-    return _new_handle(_Done(out))
-
-
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces tensor over all ranks and gives rank r its share of dim 0 (the first
-    dim % size ranks get one row more, as in Horovod). CPU tensors: a named request of the async
-    runtime (shoal_ireduce_scatter), negotiated and run in order with the other requests. CUDA
-    tensors (a CUDA build) run at submission: ncclReduceScatter when dim 0 splits evenly, else the
-    CUDA allreduce and this rank's rows."""
+    dim % size ranks get one row more, as in Horovod): a named request of the async runtime
+    (shoal_ireduce_scatter), negotiated and run in order with the other requests. CUDA tensors (a
+    CUDA build) stay on their device: ncclReduceScatter when dim 0 splits evenly, else the CUDA
+    allreduce and this rank's rows."""
     _check_tensor(tensor, cuda_ok=True)
     op = _op(op)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter: unsupported op %r" % (op,))
     if tensor.dim() == 0:
         raise ValueError("reducescatter: tensor is a scalar; pass a tensor with at least one dimension")
-    if tensor.is_cuda:
-        return _reducescatter_cuda_now(tensor, op, process_set, prescale_factor, postscale_factor)
     comm = _comm_of(process_set)
     work = tensor.detach().contiguous()
     if prescale_factor != 1.0:
