@@ -64,8 +64,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
     shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
     shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
     call.declare(signatureOf(CallKind::Allreduce, dtype, op, count));
-    MemoryRoute host;  // both buffers are host memory
-    allreduceTensor(call.comm(), call.sequence(), input, output, op, nullptr, host);
+    allreduceHostTensor(call.comm(), call.sequence(), input, output, op, nullptr);  // both buffers are host memory
   });
 }
 
@@ -82,10 +81,6 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     // fields it has over SHOAL_ALLREDUCE_OPTIONS_INIT.
     shoal_allreduce_options_t resolved;
     const shoal_allreduce_options_t* effective = options;
-    // The driver routes the call by this (and adds a compressor's refusal).
-    // Host tensors (the common call) get the default route, which is what
-    // routeOf answers for them, without its walk over the list.
-    MemoryRoute route = isHostTensor(*input) && isHostTensor(*output) ? MemoryRoute{} : routeOf(name, {input, output});
     size_t count = 0;
     auto checks = [&] {
       if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
@@ -113,9 +108,17 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
       checkBuffer(name, "output->data", output->data, bytes);
       checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);
     };
-    // A host call's refusal is thrown at once (no std::function on its path).
-    if (!route.cuda) checks();
-    else checkCudaArguments(c, call.sequence(), route, checks);  // returns only when the checks passed
+    // Host tensors (the common call) have the default route, which is what
+    // routeOf answers for them: their refusal is thrown at once, and the
+    // driver needs no route (nor a std::function) for them.
+    if (isHostTensor(*input) && isHostTensor(*output)) {
+      checks();
+      call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, count));
+      return allreduceHostTensor(c, call.sequence(), *input, *output, op, effective);
+    }
+    // The driver routes the call by this (and adds a compressor's refusal).
+    MemoryRoute route = routeOf(name, {input, output});
+    checkCudaArguments(c, call.sequence(), route, checks);  // returns only when the checks passed
     call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, count));
     allreduceTensor(c, call.sequence(), *input, *output, op, effective, route);
   });

@@ -148,11 +148,12 @@ std::string CallSignature::describe() const {
 }
 
 CallScope::CallScope(shoal_comm& comm, const CallSignature& signature) : comm_(comm) {
-  const CallSignature*& current = currentCall;  // the thread-local's address, looked up once
-  savedCurrent_ = current;
   if (comm.callScopes++ > 0) saved_.emplace(comm.call);
   comm.call = signature;
   comm.callWordValid = false;
+  // Read and written together: one lookup of the thread-local's address.
+  const CallSignature*& current = currentCall;
+  savedCurrent_ = current;
   current = &comm.call;
 }
 

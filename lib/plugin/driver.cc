@@ -567,24 +567,32 @@ void plainHostAllreduce(shoal_comm& comm, uint64_t sequence, const shoal_tensor_
 
 }  // namespace
 
-void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
-  const size_t count = plugin::elementsCount(input);
-  const size_t bytes = count * dtypeSize(input.dtype);
-  // A call that names no compressor (or "none") and no options, where the
-  // environment names none either, runs plain: there is no choice to resolve
-  // (resolveCompressor would give it "none" without options), and host
-  // tensors take the plain host path at once.
+namespace {
+
+// A call that names no compressor (or "none") and no options, where the
+// environment names none either, runs plain: there is no choice to resolve
+// (resolveCompressor would give it "none" without options).
+bool plainByDefault(const shoal_comm& comm, const shoal_allreduce_options_t* options) {
   const char* callCompressor = options ? options->compressor : nullptr;
   const char* callOptions = options ? options->compressor_options : nullptr;
-  const bool plainByDefault = comm.compressors->defaults.plain &&
-                              (callCompressor == nullptr || !callCompressor[0] || namesNone(callCompressor)) &&
-                              (callOptions == nullptr || !callOptions[0]);
-  if (plainByDefault && !route.cuda) return plainHostAllreduce(comm, sequence, input, output, count, op);
+  return comm.compressors->defaults.plain &&
+         (callCompressor == nullptr || !callCompressor[0] || namesNone(callCompressor)) &&
+         (callOptions == nullptr || !callOptions[0]);
+}
+
+// Every other call: the compressor resolved, then compressed, plain or NCCL.
+// Out of line, so that the plain host call's path has none of its frame.
+[[gnu::noinline]] void allreduceResolved(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                                         const shoal_tensor_t& output, shoal_op_t op,
+                                         const shoal_allreduce_options_t* options, MemoryRoute& route) {
+  const size_t count = plugin::elementsCount(input);
+  const size_t bytes = count * dtypeSize(input.dtype);
+  const char* callCompressor = options ? options->compressor : nullptr;
+  const char* callOptions = options ? options->compressor_options : nullptr;
   const plugin::CompressorChoice choice =
-      plainByDefault ? plugin::CompressorChoice{}
-                     : plugin::resolveCompressor(comm.compressors->defaults, callCompressor, callOptions,
-                                                 options ? options->compress_min_bytes : -1);
+      plainByDefault(comm, options) ? plugin::CompressorChoice{}
+                                    : plugin::resolveCompressor(comm.compressors->defaults, callCompressor, callOptions,
+                                                                options ? options->compress_min_bytes : -1);
   const std::string& name = choice.name;
   const std::string& copts = choice.options;
   const long long minBytes = choice.minBytes;
@@ -664,6 +672,22 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   if (scratchState && instance->table().destroy_tensor_state)
     instance->table().destroy_tensor_state(instance->handle(), scratchState);
   comm.lastStats = stats;
+}
+
+}  // namespace
+
+void allreduceHostTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                         const shoal_tensor_t& output, shoal_op_t op, const shoal_allreduce_options_t* options) {
+  if (plainByDefault(comm, options))
+    return plainHostAllreduce(comm, sequence, input, output, plugin::elementsCount(input), op);
+  MemoryRoute host;  // both tensors are host memory
+  allreduceResolved(comm, sequence, input, output, op, options, host);
+}
+
+void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
+  if (!route.cuda) return allreduceHostTensor(comm, sequence, input, output, op, options);
+  allreduceResolved(comm, sequence, input, output, op, options, route);
 }
 
 void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,
