@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/common/context.h"
@@ -39,6 +40,9 @@ struct AllreduceAlgorithm {
   const char* name;
   const char* description;
   AllreduceFn run;
+  // The name with its length, for a call's signature (comm/agree.h): a call
+  // that declares its algorithm measures no string.
+  std::string_view nameView = name;
 };
 const std::vector<AllreduceAlgorithm>& allreduceAlgorithms();
 // The table's hierarchical entry (comm/hosts.cc chooses it for auto across hosts).

@@ -12,7 +12,7 @@ namespace {
 // The table's order, for the choices made by size (AllreduceChoice::at).
 enum TableIndex { kRing, kTree, kDoubling, kHierarchical, kShm, kTableSize };
 
-const AllreduceAlgorithm kTable[kTableSize] = {
+constexpr AllreduceAlgorithm kTable[kTableSize] = {
     {"ring", "reduce-scatter + allgather around a ring, pipelined; bandwidth-optimal", allreduceRing},
     {"tree", "binomial reduce to rank 0 + binomial broadcast; 2 log2(n) hops", allreduceTree},
     {"doubling", "recursive doubling: partners swap and combine, log2(n) hops; lowest latency for small messages",

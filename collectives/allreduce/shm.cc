@@ -32,12 +32,10 @@ SharedSegment& segmentOf(Context& context) {
 void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer) {
   SharedSegment& shm = segmentOf(context);
   const size_t element = reducer.elementSize();
-  // One round when the call fits the slot (no division on a small call's path).
-  const size_t perRound = count * element <= shm.slotBytes() ? count : std::max<size_t>(1, shm.slotBytes() / element);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  for (size_t first = 0; first < count; first += perRound) {
-    const size_t n = std::min(perRound, count - first);
+  // One round: elements [first, first + n).
+  auto round = [&](size_t first, size_t n) {
     uint8_t* piece = out + first * element;
     // The input goes straight into this rank's slot: out of place there is
     // no copy into recv first (every rank reduces from the slots).
@@ -45,10 +43,16 @@ void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size
                  context.transport, context.deadline);
     if (context.size == 1) {
       if (piece != in + first * element) std::memcpy(piece, in + first * element, n * element);
-      continue;
+      return;
     }
     reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
     for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
+  };
+  if (count * element <= shm.slotBytes()) {  // the call fits the slot: one round, no division
+    if (count > 0) round(0, count);
+  } else {
+    const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
+    for (size_t first = 0; first < count; first += perRound) round(first, std::min(perRound, count - first));
   }
   reducer.finish(recv, count, context.size);
   context.sharedSegmentOnly = count > 0;

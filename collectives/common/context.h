@@ -63,7 +63,12 @@ struct Context {
   // `signature` is the call's signature word (comm/agree.h); every message of
   // the call carries it.
   Context(Transport& t, uint64_t sequence, CallDeadline d, size_t segment, Scratch& s, uint32_t signature = 0)
-      : transport(t), rank(t.rank()), size(t.size()),
+      : Context(t, t.rank(), t.size(), sequence, std::move(d), segment, s, signature) {}
+  // The same where the caller knows t's rank and size (a communicator's own
+  // transport: the communicator's), without asking the transport.
+  Context(Transport& t, int rankOfT, int sizeOfT, uint64_t sequence, CallDeadline d, size_t segment, Scratch& s,
+          uint32_t signature)
+      : transport(t), rank(rankOfT), size(sizeOfT),
         tagBase((uint64_t(signature) << kSignatureShift & kSignatureMask) |
                 ((sequence % kCollectiveSequences) << kSubTagBits)),
         deadline(std::move(d)), segmentBytes(segment), scratch(s) {}

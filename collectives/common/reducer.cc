@@ -73,7 +73,7 @@ struct Entry {
 };
 
 template <typename T, typename Op>
-Entry loopsFor(void (*divide)(void*, size_t, int)) {
+constexpr Entry loopsFor(void (*divide)(void*, size_t, int)) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
     return {combineLoop16<T, Op>, divide, combineIntoLoop16<T, Op>};
   else
@@ -81,7 +81,7 @@ Entry loopsFor(void (*divide)(void*, size_t, int)) {
 }
 
 template <typename T>
-Entry entryFor(shoal_op_t op) {
+constexpr Entry entryFor(shoal_op_t op) {
   constexpr bool integral = std::is_integral_v<T>;
   switch (op) {
     case SHOAL_SUM:
@@ -97,7 +97,7 @@ Entry entryFor(shoal_op_t op) {
   return {nullptr, nullptr, nullptr};
 }
 
-Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
+constexpr Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
   switch (dtype) {
     case SHOAL_F16: return entryFor<Half>(op);
     case SHOAL_BF16: return entryFor<BFloat16>(op);
@@ -116,37 +116,41 @@ Entry lookup(shoal_dtype_t dtype, shoal_op_t op) {
 // Every (dtype, op) pair's loops, looked up once per process: a small
 // allreduce checks its pair and builds its Reducer with two loads.
 struct Table {
-  Entry entries[SHOAL_DTYPE_COUNT][SHOAL_OP_COUNT];
-  Table() {
+  Entry entries[SHOAL_DTYPE_COUNT][SHOAL_OP_COUNT] = {};
+  constexpr Table() {
     for (int d = 0; d < SHOAL_DTYPE_COUNT; ++d)
       for (int o = 0; o < SHOAL_OP_COUNT; ++o)
         entries[d][o] = lookup(static_cast<shoal_dtype_t>(d), static_cast<shoal_op_t>(o));
   }
 };
-// A function's static: built on first use, whatever the order of static initialisers.
-const Table& table() {
-  static const Table built;
-  return built;
-}
+// Built by the compiler: a lookup is a load, with no guard for a first use
+// (isValidDtypeOp and every Reducer ask per call).
+constexpr Table kTable;
 
 // Values outside the enums (a C caller's) have no entry.
-Entry entryOf(shoal_dtype_t dtype, shoal_op_t op) {
+const Entry* entryOf(shoal_dtype_t dtype, shoal_op_t op) {
+  static constexpr Entry kNone = {nullptr, nullptr, nullptr};
   const auto d = static_cast<unsigned>(dtype), o = static_cast<unsigned>(op);
-  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return {nullptr, nullptr, nullptr};
-  return table().entries[d][o];
+  if (d >= SHOAL_DTYPE_COUNT || o >= SHOAL_OP_COUNT) return &kNone;
+  return &kTable.entries[d][o];
 }
 
 }  // namespace
 
-bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return entryOf(dtype, op).combine != nullptr; }
+bool isValidDtypeOp(shoal_dtype_t dtype, shoal_op_t op) { return entryOf(dtype, op)->combine != nullptr; }
+
+namespace {
+[[noreturn, gnu::noinline, gnu::cold]] void refusePair(shoal_dtype_t dtype, shoal_op_t op) {
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
+}
+}  // namespace
 
 Reducer::Reducer(shoal_dtype_t dtype, shoal_op_t op) : dtype_(dtype), op_(op), elementSize_(dtypeSize(dtype)) {
-  Entry entry = entryOf(dtype, op);
-  if (entry.combine == nullptr)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "op {} is not defined on dtype {}", shoal_op_name(op), shoal_dtype_name(dtype));
-  combine_ = entry.combine;
-  combineInto_ = entry.combineInto;
-  divide_ = op == SHOAL_AVG ? entry.divide : nullptr;
+  const Entry* entry = entryOf(dtype, op);
+  if (entry->combine == nullptr) refusePair(dtype, op);
+  combine_ = entry->combine;
+  combineInto_ = entry->combineInto;
+  divide_ = op == SHOAL_AVG ? entry->divide : nullptr;
 }
 
 }  // namespace shoal

@@ -77,32 +77,24 @@ void checkDtype(const char* call, shoal_dtype_t dtype) {
          static_cast<int>(dtype));
 }
 
-void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
-  // A pair with loops is a valid dtype and op (one table load); anything else
-  // is named below, the dtype first.
-  if (isValidDtypeOp(dtype, op)) return;
+void refuseDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
   checkDtype(call, dtype);
   if (op < 0 || op >= SHOAL_OP_COUNT)
     fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not a shoal_op_t; use SHOAL_SUM .. SHOAL_BXOR", call,
          static_cast<int>(op));
-  if (!isValidDtypeOp(dtype, op))
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}; bitwise ops need an integer dtype", call,
-         shoal_op_name(op), shoal_dtype_name(dtype));
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: op {} is not defined on dtype {}; bitwise ops need an integer dtype", call,
+       shoal_op_name(op), shoal_dtype_name(dtype));
 }
 
-void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
-  if (buffer == nullptr && bytes > 0)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL but {} bytes were requested; pass a buffer or count 0", call,
-         name, bytes);
+void refuseNullBuffer(const char* call, const char* name, size_t bytes) {
+  fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: {} is NULL but {} bytes were requested; pass a buffer or count 0", call, name,
+       bytes);
 }
 
-void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  if (inPlace || a == nullptr || b == nullptr || na == 0 || nb == 0) return;
-  if (pa < pb + nb && pb < pa + na)
-    fail(SHOAL_ERR_INVALID_ARGUMENT,
-         "{}: sendbuf and recvbuf overlap without being the in-place layout; use separate buffers or the in-place form",
-         call);
+void refuseOverlap(const char* call) {
+  fail(SHOAL_ERR_INVALID_ARGUMENT,
+       "{}: sendbuf and recvbuf overlap without being the in-place layout; use separate buffers or the in-place form",
+       call);
 }
 
 void checkRank(const char* call, std::string_view what, int rank, int size) {

@@ -9,6 +9,7 @@
 
 #include <string_view>
 
+#include "collectives/common/reducer.h"
 #include "comm/agree.h"
 #include "core/error.h"
 #include "shoal/shoal.h"
@@ -42,14 +43,30 @@ inline bool sameShape(const shoal_tensor_t& a, const shoal_tensor_t& b) {
 double checkedTimeout(const char* call, const char* what, double seconds, double communicatorS);
 
 // The entry points' common checks (moved here from collectives_api.cc so the
-// exchanging collectives share them). Each failure is INVALID_ARGUMENT.
+// exchanging collectives share them). Each failure is INVALID_ARGUMENT. The
+// ones every call makes are inline (a small call's path) and refuse through
+// the out-of-line refuse* functions below, which write the text.
 void checkDtype(const char* call, shoal_dtype_t dtype);
-void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op);
+[[noreturn]] void refuseDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op);
+// A pair with loops is a valid dtype and op (one table load); refuseDtypeOp
+// names what is wrong, the dtype first.
+inline void checkDtypeOp(const char* call, shoal_dtype_t dtype, shoal_op_t op) {
+  if (!isValidDtypeOp(dtype, op)) refuseDtypeOp(call, dtype, op);
+}
 // A NULL buffer is refused when it should hold bytes > 0.
-void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes);
+[[noreturn]] void refuseNullBuffer(const char* call, const char* name, size_t bytes);
+inline void checkBuffer(const char* call, const char* name, const void* buffer, size_t bytes) {
+  if (buffer == nullptr && bytes > 0) refuseNullBuffer(call, name, bytes);
+}
 // [a, a + na) and [b, b + nb) overlap without being the in-place layout:
 // refused, since the result would depend on the copy order.
-void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb, bool inPlace);
+[[noreturn]] void refuseOverlap(const char* call);
+inline void checkNoPartialOverlap(const char* call, const void* a, size_t na, const void* b, size_t nb,
+                                  bool inPlace) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  if (inPlace || a == nullptr || b == nullptr || na == 0 || nb == 0) return;
+  if (pa < pb + nb && pb < pa + na) refuseOverlap(call);
+}
 // A rank argument (a root, a peer) must lie in 0..size-1; `what` names it
 // ("root", "ops[2]: peer").
 void checkRank(const char* call, std::string_view what, int rank, int size);

@@ -64,8 +64,7 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce(shoal_comm_t comm, const void* sendb
     shoal_tensor_t input = shoal_tensor_1d(const_cast<void*>(sendbuf), count, dtype);
     shoal_tensor_t output = shoal_tensor_1d(recvbuf, count, dtype);
     call.declare(signatureOf(CallKind::Allreduce, dtype, op, count));
-    MemoryRoute host;  // both buffers are host memory
-    allreduceTensor(call.comm(), call.sequence(), input, output, op, nullptr, host);
+    allreduceHostTensor(call.comm(), call.sequence(), input, output, op, nullptr);  // both buffers are host memory
   });
 }
 
@@ -77,22 +76,26 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     shoal_comm& c = call.comm();
     if (input == nullptr || output == nullptr)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input and output must not be NULL", name);
-    shoal_allreduce_options_t resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-    // The driver routes the call by this (and adds a compressor's refusal).
-    // Host tensors (the common call) get the default route, which is what
-    // routeOf answers for them, without its walk over the list.
-    MemoryRoute route = isHostTensor(*input) && isHostTensor(*output) ? MemoryRoute{} : routeOf(name, {input, output});
+    // The options the driver reads: the caller's own struct when it is of
+    // this size (read in place: the call is blocking), else a copy of the
+    // fields it has over SHOAL_ALLREDUCE_OPTIONS_INIT.
+    shoal_allreduce_options_t resolved;
+    const shoal_allreduce_options_t* effective = options;
+    size_t count = 0;
     auto checks = [&] {
       if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", name,
              options->struct_size);
-      if (options != nullptr && options->struct_size == sizeof resolved) resolved = *options;  // inline, no memcpy call
-      else if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+      if (options == nullptr || options->struct_size < sizeof resolved) {
+        resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
+        if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+        effective = &resolved;
+      }
       checkDtypeOp(name, input->dtype, op);
       if (output->dtype != input->dtype)
         fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: output dtype {} differs from input dtype {}", name,
              shoal_dtype_name(output->dtype), shoal_dtype_name(input->dtype));
-      const size_t count = checkedTensorElements(name, "input", *input);
+      count = checkedTensorElements(name, "input", *input);
       // An output of the input's shape (the usual call) passes the same
       // check with the same count: only another shape is checked on its own.
       const size_t outputCount = sameShape(*input, *output) ? count : checkedTensorElements(name, "output", *output);
@@ -105,11 +108,19 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
       checkBuffer(name, "output->data", output->data, bytes);
       checkNoPartialOverlap(name, input->data, bytes, output->data, bytes, input->data == output->data);
     };
-    // A host call's refusal is thrown at once (no std::function on its path).
-    if (!route.cuda) checks();
-    else checkCudaArguments(c, call.sequence(), route, checks);
-    call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, plugin::elementsCount(*input)));
-    allreduceTensor(c, call.sequence(), *input, *output, op, &resolved, route);
+    // Host tensors (the common call) have the default route, which is what
+    // routeOf answers for them: their refusal is thrown at once, and the
+    // driver needs no route (nor a std::function) for them.
+    if (isHostTensor(*input) && isHostTensor(*output)) {
+      checks();
+      call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, count));
+      return allreduceHostTensor(c, call.sequence(), *input, *output, op, effective);
+    }
+    // The driver routes the call by this (and adds a compressor's refusal).
+    MemoryRoute route = routeOf(name, {input, output});
+    checkCudaArguments(c, call.sequence(), route, checks);  // returns only when the checks passed
+    call.declare(signatureOf(CallKind::Allreduce, input->dtype, op, count));
+    allreduceTensor(c, call.sequence(), *input, *output, op, effective, route);
   });
 }
 

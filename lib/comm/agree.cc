@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <type_traits>
+
 #include "collectives/collectives.h"
 #include "comm/call.h"
 #include "comm/communicator.h"
@@ -58,10 +61,40 @@ bool sameText(std::string_view a, std::string_view b) {
 
 // Every field word() hashes (a new field must be added here and there).
 bool sameSignature(const CallSignature& a, const CallSignature& b) {
-  static_assert(sizeof(CallSignature) == 88, "compare (and hash) every field of CallSignature");
+  static_assert(sizeof(CallSignature) == 80, "compare (and hash) every field of CallSignature");
   return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.root == b.root && a.count == b.count &&
          a.layout == b.layout && a.compressed == b.compressed && sameText(a.algorithm, b.algorithm) &&
          sameText(a.compressor, b.compressor) && sameText(a.options, b.options);
+}
+
+// The same bytes: the same fields, texts at the same addresses (a call that
+// repeats). Ten words XORed and ORed (vectorised), against sameSignature's
+// field by field branches; a text of equal bytes elsewhere falls through to
+// sameSignature. Every byte is a field's, so equal bytes are equal fields.
+static_assert(std::has_unique_object_representations_v<CallSignature>, "CallSignature has no padding");
+bool sameBytes(const CallSignature& a, const CallSignature& b) {
+  using Words = uint64_t __attribute__((vector_size(16)));  // two words a load
+  static_assert(sizeof(CallSignature) % sizeof(Words) == 0);
+  const auto* pa = reinterpret_cast<const unsigned char*>(&a);
+  const auto* pb = reinterpret_cast<const unsigned char*>(&b);
+  Words differ = {0, 0};
+  for (size_t at = 0; at < sizeof(CallSignature); at += sizeof(Words)) {
+    Words x, y;
+    std::memcpy(&x, pa + at, sizeof x);
+    std::memcpy(&y, pb + at, sizeof y);
+    differ |= x ^ y;
+  }
+  return (differ[0] | differ[1]) == 0;
+}
+
+// The memo's slow half, out of line: a signature of other bytes (the same
+// fields with texts elsewhere keep the word, else it is hashed).
+[[gnu::noinline]] void rememberCallWord(shoal_comm& comm) {
+  CallWordMemo& memo = comm.callWordMemo;
+  const bool same = memo.valid && sameSignature(memo.signature, comm.call);
+  memo.signature = comm.call;
+  if (!same) memo.word = comm.call.word();
+  memo.valid = true;
 }
 
 }  // namespace
@@ -114,22 +147,14 @@ std::string CallSignature::describe() const {
   return text + ")";
 }
 
-CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root, std::string_view algorithm) {
-  CallSignature signature;
-  signature.kind = kind;
-  signature.dtype = dtype;
-  signature.op = op;
-  signature.count = count;
-  signature.root = root;
-  signature.algorithm = algorithm;
-  return signature;
-}
-
-CallScope::CallScope(shoal_comm& comm, const CallSignature& signature) : comm_(comm), savedCurrent_(currentCall) {
+CallScope::CallScope(shoal_comm& comm, const CallSignature& signature) : comm_(comm) {
   if (comm.callScopes++ > 0) saved_.emplace(comm.call);
   comm.call = signature;
   comm.callWordValid = false;
-  currentCall = &comm.call;
+  // Read and written together: one lookup of the thread-local's address.
+  const CallSignature*& current = currentCall;
+  savedCurrent_ = current;
+  current = &comm.call;
 }
 
 CallScope::~CallScope() {
@@ -145,11 +170,7 @@ void refreshCallWord(shoal_comm& comm) { comm.callWordValid = false; }
 uint32_t currentCallWord(shoal_comm& comm) {
   if (!comm.callWordValid) {
     CallWordMemo& memo = comm.callWordMemo;
-    if (!memo.valid || !sameSignature(memo.signature, comm.call)) {
-      memo.signature = comm.call;
-      memo.word = comm.call.word();
-      memo.valid = true;
-    }
+    if (!memo.valid || !sameBytes(memo.signature, comm.call)) rememberCallWord(comm);
     comm.callWord = memo.word;
     comm.callWordValid = true;
   }

@@ -41,8 +41,13 @@ enum class CallKind : uint8_t {
   Split,
 };
 
+// No padding (every byte is a field's, checked below): two signatures with
+// the same bytes are the same signature, so the call word's memo compares
+// bytes first (currentCallWord).
 struct CallSignature {
   CallKind kind = CallKind::Internal;
+  bool compressed = false;
+  uint16_t unused = 0;     // fills the gap to dtype: always 0
   int dtype = -1;          // shoal_dtype_t, -1 where the call has none
   int op = -1;             // shoal_op_t, -1 where the call has none
   int root = -1;           // rooted calls (broadcast, reduce, gather, scatter)
@@ -51,7 +56,6 @@ struct CallSignature {
   // Views of text that outlives the call: the algorithm tables' names, the
   // compressor instance's name and options (kept for the communicator's life).
   std::string_view algorithm;   // the algorithm the call runs (resolved, not "auto")
-  bool compressed = false;
   std::string_view compressor;  // with its options, when compressed
   std::string_view options;
 
@@ -67,8 +71,17 @@ struct CallSignature {
 };
 
 // A signature from its common fields (the others keep their defaults).
-CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
-                          std::string_view algorithm = {});
+inline CallSignature signatureOf(CallKind kind, int dtype, int op, uint64_t count, int root = -1,
+                                 std::string_view algorithm = {}) {
+  CallSignature signature;
+  signature.kind = kind;
+  signature.dtype = dtype;
+  signature.op = op;
+  signature.count = count;
+  signature.root = root;
+  signature.algorithm = algorithm;
+  return signature;
+}
 
 // Declares the call that a C entry point runs on a communicator: every
 // collective it runs (runCollective, comm/call.h) tags its messages with the

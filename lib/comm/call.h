@@ -44,9 +44,10 @@ inline void failCommunicator(shoal_comm& comm, const std::string& reason, shoal_
 // communicator (peers are told) and is rethrown.
 template <typename Body>
 void runCollectiveOn(shoal_comm& comm, Transport& transport, uint64_t sequence, Body&& body) {
-  Context context(transport, sequence, CallDeadline(comm.timeoutS), comm.segmentBytes, comm.scratch,
-                  currentCallWord(comm));
-  if (&transport == comm.transport.get()) {
+  const bool own = &transport == comm.transport.get();
+  Context context(transport, own ? comm.rank : transport.rank(), own ? comm.size : transport.size(), sequence,
+                  CallDeadline(comm.timeoutS), comm.segmentBytes, comm.scratch, currentCallWord(comm));
+  if (own) {
     context.hosts = comm.hosts.get();
     context.shm = comm.shm.get();
   }

@@ -67,20 +67,6 @@ void checkRanksAgree(shoal_comm& comm) {
 
 }  // namespace
 
-shoal_comm& usableComm(shoal_comm_t comm, const char* call) {
-  if (comm == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: comm is NULL; create one with shoal_comm_init", call);
-  if (comm->finalized)
-    fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: the communicator was already finalized; create a new one", call);
-  // A disagreement stays a disagreement: a rank whose transport a peer's
-  // mismatch notice failed before this call began reports MISMATCH, as the
-  // ranks that saw it inside the call do.
-  if (comm->transport && comm->transport->failed())
-    fail(comm->transport->failureStatus() == SHOAL_ERR_MISMATCH ? SHOAL_ERR_MISMATCH : SHOAL_ERR_REMOTE,
-         "{}: the communicator failed earlier and cannot be used; create a new one. Cause: {}", call,
-         comm->transport->failure());
-  return *comm;
-}
-
 std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
   auto comm = std::make_unique<shoal_comm>();
   config::checkEnvironment();  // a malformed or out-of-range SHOAL_* variable fails here, by name

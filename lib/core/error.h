@@ -22,8 +22,11 @@ class Error : public std::runtime_error {
   shoal_status_t status_;
 };
 
+// Out of line and cold: a refusal formats text, and inlined into a check it
+// would give the check's healthy path the stack frame of the formatting.
 template <typename... Args>
-[[noreturn]] void fail(shoal_status_t status, fmt::format_string<Args...> format, Args&&... args) {
+[[noreturn, gnu::noinline, gnu::cold]] void fail(shoal_status_t status, fmt::format_string<Args...> format,
+                                                 Args&&... args) {
   throw Error(status, fmt::format(format, std::forward<Args>(args)...));
 }
 

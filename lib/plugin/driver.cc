@@ -530,24 +530,69 @@ void notePlainStats(CompressStats& last, uint64_t bytes, const char* algorithm) 
   last.acrossHostsOnly = false;
 }
 
+// "none", compared inline (a library strcmp per call cost more than this).
+bool namesNone(const char* name) {
+  return name[0] == 'n' && name[1] == 'o' && name[2] == 'n' && name[3] == 'e' && name[4] == '\0';
+}
+
+// The compression decision and the algorithm are part of the call's
+// signature (comm/agree.h): a rank that compresses where another does not
+// fails with MISMATCH at the first message. `instance` is the compressor a
+// compressed call runs (null: plain), `plain` the algorithm of a plain host
+// call (null for NCCL's).
+void declareDecision(shoal_comm& comm, const CompressorInstance* instance, bool acrossHosts,
+                     const AllreduceAlgorithm* plain) {
+  if (comm.call.kind != CallKind::Allreduce) return;
+  comm.call.compressed = instance != nullptr;
+  if (instance != nullptr) {
+    comm.call.compressor = instance->table().name;  // outlive the call, unlike the resolved name and options
+    comm.call.options = instance->options();
+    if (acrossHosts) comm.call.algorithm = "hierarchical";
+  } else if (plain != nullptr) {
+    comm.call.algorithm = plain->nameView;
+  }
+  refreshCallWord(comm);
+}
+
+// A plain allreduce of host tensors: the algorithm for its size, declared,
+// run, and its stats.
+void plainHostAllreduce(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                        const shoal_tensor_t& output, size_t count, shoal_op_t op) {
+  const size_t bytes = count * dtypeSize(input.dtype);
+  const AllreduceAlgorithm& plain = chooseAllreduce(comm, bytes);
+  declareDecision(comm, nullptr, false, &plain);
+  notePlainStats(comm.lastStats, bytes,
+                 plainAllreduce(comm, sequence, plain, input.data, output.data, count, input.dtype, op));
+}
+
 }  // namespace
 
-void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
-                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
-  const size_t count = plugin::elementsCount(input);
-  const size_t bytes = count * dtypeSize(input.dtype);
-  // A call that names no compressor (or "none") and no options, where the
-  // environment names none either, runs plain: no choice to resolve (name ""
-  // below). resolveCompressor gives such a call "none" without options.
+namespace {
+
+// A call that names no compressor (or "none") and no options, where the
+// environment names none either, runs plain: there is no choice to resolve
+// (resolveCompressor would give it "none" without options).
+bool plainByDefault(const shoal_comm& comm, const shoal_allreduce_options_t* options) {
   const char* callCompressor = options ? options->compressor : nullptr;
   const char* callOptions = options ? options->compressor_options : nullptr;
-  const bool plainByDefault = comm.compressors->defaults.plain &&
-                              (callCompressor == nullptr || !callCompressor[0] || std::strcmp(callCompressor, "none") == 0) &&
-                              (callOptions == nullptr || !callOptions[0]);
+  return comm.compressors->defaults.plain &&
+         (callCompressor == nullptr || !callCompressor[0] || namesNone(callCompressor)) &&
+         (callOptions == nullptr || !callOptions[0]);
+}
+
+// Every other call: the compressor resolved, then compressed, plain or NCCL.
+// Out of line, so that the plain host call's path has none of its frame.
+[[gnu::noinline]] void allreduceResolved(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                                         const shoal_tensor_t& output, shoal_op_t op,
+                                         const shoal_allreduce_options_t* options, MemoryRoute& route) {
+  const size_t count = plugin::elementsCount(input);
+  const size_t bytes = count * dtypeSize(input.dtype);
+  const char* callCompressor = options ? options->compressor : nullptr;
+  const char* callOptions = options ? options->compressor_options : nullptr;
   const plugin::CompressorChoice choice =
-      plainByDefault ? plugin::CompressorChoice{}
-                     : plugin::resolveCompressor(comm.compressors->defaults, callCompressor, callOptions,
-                                                 options ? options->compress_min_bytes : -1);
+      plainByDefault(comm, options) ? plugin::CompressorChoice{}
+                                    : plugin::resolveCompressor(comm.compressors->defaults, callCompressor, callOptions,
+                                                                options ? options->compress_min_bytes : -1);
   const std::string& name = choice.name;
   const std::string& copts = choice.options;
   const long long minBytes = choice.minBytes;
@@ -558,6 +603,7 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   if (!name.empty() && (name != "none" || !copts.empty())) instance = &comm.compressors->get(name, copts);
   bool compress = instance != nullptr && name != "none" && (op == SHOAL_SUM || op == SHOAL_AVG) && count > 0 &&
                   static_cast<long long>(bytes) >= minBytes && ((instance->table().dtypes >> input.dtype) & 1u);
+  if (!compress && !route.cuda) return plainHostAllreduce(comm, sequence, input, output, count, op);
   // CUDA tensors: refusals are gathered here and shared with every rank in
   // the call's first (host) round; never staged through host memory.
   // Named after the entry point the user called (shoal_allreduce_tensor, or
@@ -570,44 +616,22 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
                              "\"none\" (plain NCCL allreduce), or host tensors",
                              call, name));
   checkCudaReady(comm, call, route);
-  // The compression decision and the algorithm are part of the call's
-  // signature (comm/agree.h): a rank that compresses where another does not
-  // fails with MISMATCH at the first message.
-  const AllreduceAlgorithm* plain =
-      compress || route.cuda ? nullptr : &chooseAllreduce(comm, bytes);
+  if (!compress) {  // CUDA tensors, plain: NCCL's allreduce
+    declareDecision(comm, nullptr, false, nullptr);
+    cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
+    notePlainStats(comm.lastStats, bytes, "nccl");
+    return;
+  }
   // Compressed across hosts only (runHierarchicalCompressed) where the
   // communicator runs this size hierarchically (runsAcrossHosts): host
   // tensors of at least one element per rank of a host, or for row shards
   // (SHOAL_CAP_MATRIX: powersgd's matrices) one row. Stateful compressors
   // keep their state per (tensor, shard).
-  std::vector<shoal_compress_tensor_t> tensors;  // the compressed paths' (a plain call allocates nothing)
-  if (compress) {
-    tensors.resize(1);
-    tensors[0].input = input;
-    tensors[0].output = output;
-  }
-  const bool acrossHosts = compress && !route.cuda && runsAcrossHosts(comm, instance->table(), tensors, bytes);
-  if (comm.call.kind == CallKind::Allreduce) {
-    comm.call.compressed = compress;
-    if (compress) {
-      comm.call.compressor = instance->table().name;  // outlive the call, unlike name and copts
-      comm.call.options = instance->options();
-      if (acrossHosts) comm.call.algorithm = "hierarchical";
-    } else if (plain) {
-      comm.call.algorithm = plain->name;
-    }
-    refreshCallWord(comm);
-  }
-  if (!compress && route.cuda) {
-    cudaAllreduce(comm, sequence, route, input.data, output.data, count, input.dtype, op);
-    notePlainStats(comm.lastStats, bytes, "nccl");
-    return;
-  }
-  if (!compress) {
-    notePlainStats(comm.lastStats, bytes,
-                   plainAllreduce(comm, sequence, *plain, input.data, output.data, count, input.dtype, op));
-    return;
-  }
+  std::vector<shoal_compress_tensor_t> tensors(1);
+  tensors[0].input = input;
+  tensors[0].output = output;
+  const bool acrossHosts = !route.cuda && runsAcrossHosts(comm, instance->table(), tensors, bytes);
+  declareDecision(comm, instance, acrossHosts, nullptr);
 
   CompressStats stats;
   stats.inputBytes = bytes;
@@ -648,6 +672,22 @@ void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& 
   if (scratchState && instance->table().destroy_tensor_state)
     instance->table().destroy_tensor_state(instance->handle(), scratchState);
   comm.lastStats = stats;
+}
+
+}  // namespace
+
+void allreduceHostTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                         const shoal_tensor_t& output, shoal_op_t op, const shoal_allreduce_options_t* options) {
+  if (plainByDefault(comm, options))
+    return plainHostAllreduce(comm, sequence, input, output, plugin::elementsCount(input), op);
+  MemoryRoute host;  // both tensors are host memory
+  allreduceResolved(comm, sequence, input, output, op, options, host);
+}
+
+void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
+                     shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route) {
+  if (!route.cuda) return allreduceHostTensor(comm, sequence, input, output, op, options);
+  allreduceResolved(comm, sequence, input, output, op, options, route);
 }
 
 void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::string& compressor,

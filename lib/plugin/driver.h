@@ -130,6 +130,10 @@ namespace shoal {
 // compressor that cannot run on CUDA tensors adds its refusal to it.
 void allreduceTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input, const shoal_tensor_t& output,
                      shoal_op_t op, const shoal_allreduce_options_t* options, MemoryRoute& route);
+// The same for host tensors (the route of every host call: nothing to refuse,
+// no route to build).
+void allreduceHostTensor(shoal_comm& comm, uint64_t sequence, const shoal_tensor_t& input,
+                         const shoal_tensor_t& output, shoal_op_t op, const shoal_allreduce_options_t* options);
 
 // Hook for the runtime's tensor fusion (lib/runtime/fusion.cc): ONE compressed
 // operation (one start, one series of round() calls) over every tensor of a

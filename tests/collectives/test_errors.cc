@@ -217,6 +217,36 @@ TEST(InvalidArgument, AllgathervCounts) {
   }, {nullptr, 20});
 }
 
+// A caller's options struct is read up to its struct_size: an older (smaller)
+// struct's missing fields take SHOAL_ALLREDUCE_OPTIONS_INIT's values, whatever
+// lies behind it; a struct of this size is read whole; 0 or a size larger
+// than this library knows is refused.
+TEST(InvalidArgument, AllreduceOptionsStructSize) {
+  onOneRank([](shoal_comm_t comm) {
+    float data[4] = {1, 2, 3, 4};
+    shoal_tensor_t tensor = shoal_tensor_1d(data, 4, SHOAL_F32);
+    shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    options.compressor = "fp16";
+    options.compress_min_bytes = 0;
+    shoal_compress_stats_t stats{};
+    stats.struct_size = sizeof stats;
+    options.struct_size = offsetof(shoal_allreduce_options_t, compressor);  // name only: fp16 is not read
+    expectOk(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options), comm, "older struct");
+    ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
+    EXPECT_STREQ(stats.compressor, "none") << "a field beyond struct_size was read";
+    options.struct_size = sizeof options;
+    expectOk(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options), comm, "this size");
+    ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
+    EXPECT_STREQ(stats.compressor, "fp16");
+    for (size_t size : {size_t(0), sizeof options + 8}) {
+      options.struct_size = size;
+      expectInvalid(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options), comm,
+                    {"shoal_allreduce_tensor", "struct_size", "SHOAL_ALLREDUCE_OPTIONS_INIT"},
+                    "struct_size " + std::to_string(size));
+    }
+  });
+}
+
 TEST(InvalidArgument, PartialOverlap) {
   onOneRank([](shoal_comm_t comm) {
     float buffer[64] = {};
@@ -652,6 +682,74 @@ TEST_P(Disagreement, StalledRank) {
   EXPECT_TRUE(isCrossRankError(outcomes[1].status)) << shoal_status_string(outcomes[1].status) << ": "
                                                     << outcomes[1].text;
   EXPECT_LT(outcomes[1].seconds, kTimeoutS + kSlackS);
+}
+
+// The plain host path (the driver's shortcut for a call that names no
+// compressor) against a rank that compresses: the compression decision is in
+// the call's signature, so every rank fails, whichever path each took.
+TEST_P(Disagreement, AllreduceTensorPlainVsCompressed) {
+  auto outcomes = runDisagreement(2, algorithm(), [](int rank, shoal_comm_t comm) {
+    std::vector<float> data(256, 1.0f);
+    shoal_tensor_t tensor = shoal_tensor_1d(data.data(), data.size(), SHOAL_F32);
+    shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    options.compressor = rank == 0 ? "none" : "fp16";
+    options.compress_min_bytes = 0;
+    return shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options);
+  });
+  expectErrorOnEveryRank(outcomes, "rank 0 plain, rank 1 fp16");
+}
+
+// One allreduce_tensor step: f32 or f64 data of rank + 1 (and 10 x (rank + 1)
+// at odd indices), reduced with `op`.
+struct Step {
+  shoal_dtype_t dtype;
+  shoal_op_t op;
+  size_t count;
+};
+
+shoal_status_t allreduceStep(shoal_comm_t comm, int rank, const Step& step, std::vector<double>* result) {
+  std::vector<float> f32(step.count);
+  std::vector<double> f64(step.count);
+  for (size_t i = 0; i < step.count; ++i) f32[i] = static_cast<float>(f64[i] = (i % 2 ? 10.0 : 1.0) * (rank + 1));
+  void* data = step.dtype == SHOAL_F32 ? static_cast<void*>(f32.data()) : static_cast<void*>(f64.data());
+  shoal_tensor_t tensor = shoal_tensor_1d(data, step.count, step.dtype);
+  shoal_status_t status = shoal_allreduce_tensor(comm, &tensor, &tensor, step.op, nullptr);
+  if (result != nullptr) {
+    result->resize(step.count);
+    for (size_t i = 0; i < step.count; ++i) (*result)[i] = step.dtype == SHOAL_F32 ? f32[i] : f64[i];
+  }
+  return status;
+}
+
+// A communicator keeps the last call's signature and tag word (the call
+// word's memo, comm/agree.cc), so a call that repeats costs a comparison:
+// calls that then change the dtype, the op or the count (on every rank alike)
+// get their own word and the right result, and a repeated call that one rank
+// then changes in one field fails on every rank.
+TEST_P(Disagreement, RepeatedCallsThenOneFieldChanges) {
+  const Step base{SHOAL_F32, SHOAL_SUM, 8};
+  const std::vector<Step> steps = {base, base, base, {SHOAL_F64, SHOAL_SUM, 8}, base, {SHOAL_F32, SHOAL_MAX, 8},
+                                   base, {SHOAL_F32, SHOAL_SUM, 9}, base, {SHOAL_F32, SHOAL_SUM, 0}, base};
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      std::vector<double> result;
+      ASSERT_EQ(allreduceStep(comm, rank, steps[s], &result), SHOAL_OK) << "step " << s << ": " << shoal_last_error(comm);
+      for (size_t i = 0; i < result.size(); ++i) {
+        const double unit = i % 2 ? 10.0 : 1.0;  // ranks hold 1 and 2 units
+        EXPECT_EQ(result[i], steps[s].op == SHOAL_MAX ? 2 * unit : 3 * unit) << "step " << s << ", element " << i;
+      }
+    }
+  }, {algorithm(), kTimeoutS});
+  for (const Step& changed : {Step{SHOAL_F64, SHOAL_SUM, 8}, Step{SHOAL_F32, SHOAL_MAX, 8}, Step{SHOAL_F32, SHOAL_SUM, 9}}) {
+    auto outcomes = runDisagreement(2, algorithm(), [&](int rank, shoal_comm_t comm) {
+      for (int repeat = 0; repeat < 3; ++repeat)
+        EXPECT_EQ(allreduceStep(comm, rank, base, nullptr), SHOAL_OK) << "repeat " << repeat << ": "
+                                                                      << shoal_last_error(comm);
+      return allreduceStep(comm, rank, rank == 1 ? changed : base, nullptr);
+    });
+    expectErrorOnEveryRank(outcomes, std::string("after 3 repeats, rank 1 ") + shoal_dtype_name(changed.dtype) + " " +
+                                         shoal_op_name(changed.op) + " count " + std::to_string(changed.count));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Disagreement,
