@@ -534,7 +534,12 @@ bool Engine::cycle() {
     incoming_.clear();
   }
   const Clock::time_point start = Clock::now();
-  lastRoundStart_ = start;
+  // A round this rank only joined, with nothing of its own pending, could batch none of its
+  // submissions: it does not hold back the next one. Otherwise the rank that finishes its
+  // backward second, having joined the first rank's round for the last gradient a moment
+  // before, would wait up to a cycle to start the round that makes that gradient ready: on
+  // the step's critical path (docs/training.md, "The NCF sketch step (issue 19, seventh session)").
+  if (!pending_.empty()) lastRoundStart_ = start;
   std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
   bool needFullRound = false;
   for (const auto& request : pending_) {
