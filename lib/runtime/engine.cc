@@ -415,8 +415,9 @@ void Engine::loop() {
 // one, and the peers join when they see its first message. An idle runtime
 // then does not negotiate at all, and a step's rounds follow its submissions,
 // not its duration. New submissions still wait until SHOAL_CYCLE_TIME_MS
-// after the previous round began, so that those of one cycle share a round
-// (and can fuse), as in Horovod's cycle.
+// after the previous round with requests of this rank pending began, so that
+// those of one cycle share a round (and can fuse), as in Horovod's cycle; a
+// round this rank only joined batched nothing of its own and delays nothing.
 void Engine::awaitNextRound() {
   const Clock::time_point batchEnd = lastRoundStart_ + durationOf(settings_.cycleS);
   const uint64_t nextCall = (comm_.sequence % kCollectiveSequences) << kSubTagBits;
