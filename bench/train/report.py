@@ -57,13 +57,35 @@ def failure(log):
     return lines[-1][:200] if lines else "no output"
 
 
+# Exit statuses of timeout(1): 124 when the limit ended the command, 137 when it had to be killed.
+TIME_LIMIT_STATUSES = (124, 137)
+
+
+def exit_status(log):
+    """The launch's exit status, from the "# exit status N" line run.sh writes last (None: none)."""
+    status = None
+    for line in open(log, errors="replace"):
+        found = re.match(r"# exit status (\d+)\s*$", line)
+        if found:
+            status = int(found.group(1))
+    return status
+
+
 def load(pattern):
-    """{key: result dict or {"failed": text}} for every .log matching pattern."""
+    """{key: result dict or {"failed": text}} for every .log matching pattern. A launch that exited
+    with an error failed even when rank 0 had written its result first (a rank that hung or
+    crashed after it): one that hit its time limit says so."""
     results = {}
     for log in sorted(glob.glob(pattern)):
         path = log[:-4] + ".json"
         key = os.path.basename(log)[:-4]
-        if os.path.exists(path) and os.path.getsize(path):
+        status = exit_status(log)
+        if status in TIME_LIMIT_STATUSES:
+            results[key] = {"failed": "hit its time limit (exit status %d)%s" % (
+                status, "; rank 0 had written its result" if os.path.exists(path) else "")}
+        elif status:
+            results[key] = {"failed": "%s (exit status %d)" % (failure(log), status)}
+        elif os.path.exists(path) and os.path.getsize(path):
             results[key] = json.load(open(path))
         else:
             results[key] = {"failed": failure(log)}

@@ -47,7 +47,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_PLUGIN_PATH", "", "Colon-separated folders searched for libshoal-compressor-<name>.so plugins."},
       {"SHOAL_LOG_LEVEL", "warn", "Logging: error, warn, info or debug.", K::Choice, 0, 0, "error,warn,info,debug"},
       // Runtime (async API: shoal_iallreduce & co., docs/runtime.md).
-      {"SHOAL_CYCLE_TIME_MS", "1", "Async runtime: milliseconds that new submissions wait after the previous negotiation round began (so that they share a round), and how often a waiting background thread looks whether a peer began one.", K::Number, 0, 10000},
+      {"SHOAL_CYCLE_TIME_MS", "1", "Async runtime: milliseconds that new submissions wait after the previous negotiation round with requests of this rank pending began (so that they share a round), and how often a waiting background thread looks whether a peer began one.", K::Number, 0, 10000},
       {"SHOAL_FUSION_THRESHOLD", "134217728", "Async runtime: bytes of ready allreduces fused into one collective; 0 disables fusion.", K::Integer, 0, kMaxBytes},
       {"SHOAL_CACHE_CAPACITY", "1024", "Async runtime: response-cache entries (steady-state steps cost one bitwise allreduce); 0 disables the cache.", K::Integer, 0, 1 << 20},
       {"SHOAL_TIMELINE", "", "Rank 0 writes a Chrome-trace JSON timeline of blocking calls and the async runtime (chrome://tracing, Perfetto) to this path."},

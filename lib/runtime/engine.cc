@@ -415,8 +415,9 @@ void Engine::loop() {
 // one, and the peers join when they see its first message. An idle runtime
 // then does not negotiate at all, and a step's rounds follow its submissions,
 // not its duration. New submissions still wait until SHOAL_CYCLE_TIME_MS
-// after the previous round began, so that those of one cycle share a round
-// (and can fuse), as in Horovod's cycle.
+// after the previous round with requests of this rank pending began, so that
+// those of one cycle share a round (and can fuse), as in Horovod's cycle; a
+// round this rank only joined batched nothing of its own and delays nothing.
 void Engine::awaitNextRound() {
   const Clock::time_point batchEnd = lastRoundStart_ + durationOf(settings_.cycleS);
   const uint64_t nextCall = (comm_.sequence % kCollectiveSequences) << kSubTagBits;
@@ -534,7 +535,12 @@ bool Engine::cycle() {
     incoming_.clear();
   }
   const Clock::time_point start = Clock::now();
-  lastRoundStart_ = start;
+  // A round this rank only joined, with nothing of its own pending, could batch none of its
+  // submissions: it does not hold back the next one. Otherwise the rank that finishes its
+  // backward second, having joined the first rank's round for the last gradient a moment
+  // before, would wait up to a cycle to start the round that makes that gradient ready: on
+  // the step's critical path (docs/training.md, "The NCF sketch step (issue 19, seventh session)").
+  if (!pending_.empty()) lastRoundStart_ = start;
   std::vector<uint64_t> words(bitWords(cache_->slots()), 0);
   bool needFullRound = false;
   for (const auto& request : pending_) {

@@ -153,7 +153,8 @@ class Engine {
   uint64_t cycle_ = 0;
   Clock::time_point lastProbe_{};
   Clock::time_point started_{};
-  Clock::time_point lastRoundStart_{};             // new submissions wait until a cycle after it
+  Clock::time_point lastRoundStart_{};             // of the last round with this rank's own requests pending;
+                                                   // new submissions wait until a cycle after it
   bool peerStarted_ = false;                       // this round: entered because a peer had begun it
 
   std::mutex statsMutex_;

@@ -105,6 +105,26 @@ def test_failed_and_missing_runs_are_listed(report, tmp_path):
     assert report.spread([report.step_ms(e) for e in table["shoal-powersgd"]])["n"] == 2
 
 
+def test_a_run_past_its_time_limit_failed(report, tmp_path):
+    """A launch that timeout(1) ended (124, or 137 when killed) failed, even when rank 0 wrote its
+    result before the limit; so does one that exited with an error after writing it."""
+    d = str(tmp_path)
+    for name, status in (("limit", 124), ("killed", 137), ("crashed", 134), ("fine", 0)):
+        result(d, name, 40.0)
+        with open(os.path.join(d, name + ".log"), "a") as f:
+            if status == 134:
+                f.write("Segmentation fault\n")
+            f.write("# exit status %d\n" % status)
+    runs = report.load(os.path.join(d, "*.log"))
+    assert report.status(runs["limit"]) == "failed: hit its time limit (exit status 124); rank 0 had written its result"
+    assert report.status(runs["killed"]).startswith("failed: hit its time limit (exit status 137)")
+    assert report.status(runs["crashed"]) == "failed: Segmentation fault (exit status 134)"
+    assert report.status(runs["fine"]) == "ok" and report.step_ms(runs["fine"]) == 40.0
+    os.remove(os.path.join(d, "limit.json"))
+    assert report.status(report.load(os.path.join(d, "limit.log"))["limit"]) == \
+        "failed: hit its time limit (exit status 124)"
+
+
 def test_report_tables_and_targets(report, tmp_path, monkeypatch, capsys):
     out = repeated_results(str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["report.py", out, "--epochs-to-target",
@@ -151,6 +171,6 @@ def test_single_run_layout_keeps_its_table(report, tmp_path, monkeypatch, capsys
     lines = open(os.path.join(out, "tables.md")).read().splitlines()
     assert "No communication (the same step on one rank): 8.0 ms (CPU 10.0 ms)." in lines
     assert any(l.startswith("| 1gbit | shoal-none | 50.0 | 51.0 | 10.0 | 0.96× | 6.25× |") for l in lines)
-    assert "| 1gbit | ddp-powersgd | | | | | | | | | failed: Terminated |" in lines
+    assert "| 1gbit | ddp-powersgd | | | | | | | | | failed: Terminated (exit status 134) |" in lines
     assert not any("repeat" in l for l in lines)
     capsys.readouterr()

@@ -114,6 +114,37 @@ TEST_P(LatePeer, JoinsTheRoundAtOnceAndRoundsFollowSubmissions) {
 
 INSTANTIATE_TEST_SUITE_P(EachRank, LatePeer, ::testing::Values(0, 2));
 
+// The rank that submits a gradient second, having just joined the first rank's round for it
+// with nothing of its own pending, starts the round that makes it ready at once: the joined
+// round batched none of its submissions. Before, that round held its submission back a whole
+// cycle (SHOAL_CYCLE_TIME_MS, 600 ms here), on a training step's critical path when it is the
+// last gradient. Rank 0, waiting with the request pending, joins at its next look (a quarter
+// cycle: the ranks are threads of one host, no transport events).
+TEST(AsyncIdle, ARoundThisRankOnlyJoinedDoesNotHoldBackItsSubmission) {
+  constexpr double kCycleS = 0.6;
+  ScopedEnv env{{"SHOAL_CYCLE_TIME_MS", "600"}};
+  RankBarrier barrier(2);
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(sumOf(comm, "warm", 1.0f), 2.0f);
+    // Past the warm round's cycle: rank 0's submission starts a round at once.
+    std::this_thread::sleep_for(std::chrono::duration<double>(kCycleS + 0.1));
+    barrier.wait();
+    const uint64_t before = asyncStats(comm).cycles;
+    barrier.wait();
+    if (rank == 1) {  // wait until this rank has joined rank 0's round (at its next look)
+      const Clock::time_point giveUp = Clock::now() + std::chrono::milliseconds(static_cast<int>(4e3 * kCycleS));
+      while (asyncStats(comm).cycles == before && Clock::now() < giveUp)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ASSERT_GT(asyncStats(comm).cycles, before) << "rank 1 never joined rank 0's round";
+    }
+    const Clock::time_point submitted = Clock::now();
+    EXPECT_EQ(sumOf(comm, "second", static_cast<float>(rank + 1)), 3.0f) << "rank " << rank;
+    const double waitedS = std::chrono::duration<double>(Clock::now() - submitted).count();
+    if (rank == 1)
+      EXPECT_LT(waitedS, kCycleS / 2) << "rank 1 waited " << waitedS << " s after joining a round it had nothing in";
+  });
+}
+
 // Steps shaped like a backward pass: each rank submits three bursts of two
 // gradients 5 ms apart, one rank 40 ms late. Every round has a submission
 // behind it, so a step takes at most as many rounds as submissions (12 on

@@ -212,9 +212,10 @@ class PreparedAllreduce:
     def matches(self, x):
         """Whether x is the memory, dtype and shape this plan describes (a torch tensor or numpy array)."""
         if B.is_torch(x):
+            device = x.device
             return (x.data_ptr() == self.address and x.dtype == self.dtype and tuple(x.shape) == self.shape
-                    and x.is_contiguous() and x.device == self.device and not x.is_sparse
-                    and (x.device.type == "cpu" or B.current_stream(x) == self.stream))
+                    and x.is_contiguous() and device == self.device and not x.is_sparse
+                    and (device.type == "cpu" or B.current_stream(x) == self.stream))
         if isinstance(x, np.ndarray):
             return (x.__array_interface__["data"][0] == self.address and x.dtype == self.dtype
                     and x.shape == self.shape and x.flags.c_contiguous and x.flags.writeable)
@@ -538,6 +539,11 @@ class Communicator:
             raise ValueError("shoal: submit_prepared: the tensor no longer matches the plan for '%s' (its memory, "
                              "dtype or shape changed, or the plan is another communicator's): prepare it again"
                              % plan.name)
+        return self._submit_matched(plan, tensor)
+
+    def _submit_matched(self, plan, tensor):
+        """submit_prepared for a caller that has just checked plan.matches(tensor) itself
+        (DistributedOptimizer's hooks, once a step per gradient)."""
         handle = ctypes.c_void_p()
         self._check(lib.shoal_iallreduce(self.handle, plan.cname, plan.tensor_ref, plan.tensor_ref, plan.code,
                                          plan.options_ref, ctypes.byref(handle)))

@@ -109,6 +109,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._grad_accs.append(accumulator)
 
     def _submit(self, p):
+        # The steady state: the gradient is still the buffer its plan describes (zero_grad zeroes
+        # it in place), so nothing is checked, described or encoded again; only what differs from
+        # the plan goes the long way (_prepare).
+        grad = p.grad
+        plan = self._plans.get(p)
+        if plan is None or grad is None or plan.comm is not shoal.communicator() or not plan.matches(grad):
+            grad, plan = self._prepare(p)
+        if self.op == Average:
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        else:
+            prescale, postscale = 1.0, 1.0
+        _scale(grad, prescale)
+        try:
+            request = plan.comm._submit_matched(plan, grad)
+        except ShoalError as error:
+            _raise(error)
+        return request, postscale
+
+    def _prepare(self, p):
+        """(gradient, its prepared in-place allreduce) for p's gradient as it is now: zeros where p has
+        none, dense, checked and contiguous, described once for the steps that reuse its buffer."""
         if p.grad is None:
             # Another rank may have a gradient for p: contribute zeros under the same name.
             p.grad = torch.zeros_like(p)
@@ -122,25 +143,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         _check_tensor(grad, "the gradient of %s" % self._parameter_names[p], cuda_ok=True)
         if not grad.is_contiguous():
             p.grad = grad = grad.contiguous()
-        if self.op == Average:
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            prescale, postscale = 1.0, 1.0
-        _scale(grad, prescale)
-        # The gradient keeps its buffer from step to step (zero_grad zeroes it in place), so its
-        # description, name and compressor are prepared once and reused while they still fit.
         comm = shoal.communicator()
-        plan = self._plans.get(p)
+        compressor, options = self._compression.shoal_compressor(grad)
         try:
-            if plan is None or plan.comm is not comm or not plan.matches(grad):
-                compressor, options = self._compression.shoal_compressor(grad)
-                plan = comm.prepare_iallreduce(grad, self._parameter_names[p], op=_OPS[self.op],
-                                               compressor=compressor, compressor_options=options)
-                self._plans[p] = plan
-            request = comm.submit_prepared(plan, grad)
+            plan = comm.prepare_iallreduce(grad, self._parameter_names[p], op=_OPS[self.op],
+                                           compressor=compressor, compressor_options=options)
         except ShoalError as error:
             _raise(error)
-        return request, postscale
+        self._plans[p] = plan
+        return grad, plan
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -192,8 +203,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for key, requests in self._requests.items():
             params = key if isinstance(key, tuple) else (key,)
             for q, (request, postscale) in zip(params, requests):
-                _scale(q.grad, postscale)
-                q.grad.set_(self._compression.decompress(q.grad, None))
+                grad = q.grad
+                _scale(grad, postscale)
+                result = self._compression.decompress(grad, None)
+                if result is not grad:  # shoal's compressors decompress in C: the gradient itself comes back
+                    grad.set_(result)
         self._requests.clear()
         self._synchronized = True
 
