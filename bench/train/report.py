@@ -81,8 +81,9 @@ def load(pattern):
         key = os.path.basename(log)[:-4]
         status = exit_status(log)
         if status in TIME_LIMIT_STATUSES:
-            results[key] = {"failed": "hit its time limit (exit status %d)%s" % (
-                status, "; rank 0 had written its result" if os.path.exists(path) else "")}
+            what = "hit its time limit" if status == 124 else "was killed (SIGKILL: its time limit's kill, or another)"
+            results[key] = {"failed": "%s (exit status %d)%s" % (
+                what, status, "; rank 0 had written its result" if os.path.exists(path) else "")}
         elif status:
             results[key] = {"failed": "%s (exit status %d)" % (failure(log), status)}
         elif os.path.exists(path) and os.path.getsize(path):

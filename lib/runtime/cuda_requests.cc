@@ -16,6 +16,9 @@
 #if SHOAL_WITH_CUDA
 #include "gpu/cuda/stream_memory.h"
 #endif
+#if SHOAL_WITH_NCCL
+#include "gpu/nccl/nccl_comm.h"
+#endif
 
 namespace shoal::runtime {
 
@@ -70,46 +73,62 @@ void runCudaAlltoall(shoal_comm& comm, uint64_t sequence, Request& r) {
 
 // The async reduce-scatter on CUDA memory, with the host form's shares
 // (runtime/reduce_scatter.h). Rows that split evenly under an op NCCL reduces:
-// ncclReduceScatter straight into the output. Otherwise (uneven rows, the
-// bitwise ops) the CUDA allreduce into device memory of its own, then this
-// rank's rows copied out; every rank takes the same branch, as rows and op
-// were negotiated. A rank that cannot allocate refuses in the agreement round.
+// ncclReduceScatter, straight into the output. Otherwise (uneven rows, the
+// bitwise ops) the CUDA allreduce into scratch, then this rank's rows copied
+// out. Every rank takes the same branch (rows and op were negotiated), so the
+// ranks run one NCCL collective. An output that overlaps the input other than
+// at this rank's own rows (NCCL's in-place layout) is legal here, as on the
+// host, which reduces in scratch: the even branch then writes scratch too.
+// Scratch is stream-ordered (no device-wide synchronisation when it is freed);
+// a rank that cannot allocate it refuses in the agreement round.
 void runCudaReduceScatter(shoal_comm& comm, uint64_t sequence, Request& r) {
   const char* call = "shoal_ireduce_scatter";
   const size_t element = dtypeSize(r.meta.dtype), total = r.meta.elements();
   const size_t rows = static_cast<size_t>(r.meta.shape.front()), row = rowElements(r.meta.shape);
+  const RowShare share = shareOf(rows, comm.size, comm.rank);
+  const size_t bytes = share.rows * row * element, mineAt = share.first * row * element;
+  const auto input = reinterpret_cast<uintptr_t>(r.input.data), output = reinterpret_cast<uintptr_t>(r.output.data);
+  const bool overlaps = bytes > 0 && output < input + total * element && input < output + bytes;
+  const bool direct = rows % static_cast<size_t>(comm.size) == 0 && ncclReduces(r.meta.op);
+  const size_t scratchBytes = !direct ? total * element : overlaps && output != input + mineAt ? bytes : 0;
   MemoryRoute route = routeOf(call, {&r.input, &r.output});
   checkCudaReady(comm, call, route);
-  if (rows % static_cast<size_t>(comm.size) == 0 && ncclReduces(r.meta.op))
-    return cudaReduceScatter(comm, sequence, route, r.input.data, r.output.data, total / comm.size, r.meta.dtype,
-                             r.meta.op);
-  void* reduced = nullptr;
-  std::shared_ptr<void> holder;  // freed on return, after the copy (or the failure)
-#if SHOAL_WITH_CUDA
-  if (route.refusal == SHOAL_OK) {
+  void* scratch = nullptr;
+  std::shared_ptr<void> holder;  // freed on the stream on return, after the copy (or the failure)
+#if SHOAL_WITH_CUDA && SHOAL_WITH_NCCL
+  if (route.refusal == SHOAL_OK && scratchBytes > 0) {
     cuda::DeviceScope onDevice(route.device);
-    const char* error = onDevice.error() ? onDevice.error() : cuda::allocDevice(&reduced, total * element);
+    const char* error = onDevice.error() ? onDevice.error() : cuda::allocAsync(&scratch, scratchBytes, route.stream);
     if (error != nullptr)
-      route.refuse(SHOAL_ERR_NO_MEMORY, fmt::format("{}: {} bytes of device memory on device {} for the reduced "
-                                                    "tensor: {}", call, total * element, route.device, error));
+      route.refuse(SHOAL_ERR_NO_MEMORY, fmt::format("{}: {} bytes of device memory on device {} for the reduction: {}",
+                                                    call, scratchBytes, route.device, error));
     else
-      holder = std::shared_ptr<void>(reduced, [](void* p) { cuda::freeDevice(p); });
+      holder = std::shared_ptr<void>(scratch, [device = route.device, stream = route.stream](void* p) {
+        cuda::DeviceScope onDevice(device);
+        cuda::freeAsync(p, stream);
+      });
   }
 #endif
-  cudaAllreduce(comm, sequence, route, r.input.data, reduced, total, r.meta.dtype, r.meta.op);
-  const RowShare share = shareOf(rows, comm.size, comm.rank);
-  const size_t bytes = share.rows * row * element;
-  if (bytes == 0) return;
-#if SHOAL_WITH_CUDA
-  cuda::DeviceScope onDevice(route.device);
-  const char* error = onDevice.error();
-  if (error == nullptr)
-    error = cuda::copyAsync(r.output.data, static_cast<const uint8_t*>(reduced) + share.first * row * element, bytes,
-                            route.stream);
-  if (error == nullptr) error = cuda::synchronize(route.stream);
-  if (error != nullptr)
-    fail(SHOAL_ERR_SYSTEM, "{}: copying rank {}'s {} bytes out of the reduced tensor on CUDA device {}: {}", call,
-         comm.rank, bytes, route.device, error);
+  if (direct)
+    cudaReduceScatter(comm, sequence, route, r.input.data, scratch != nullptr ? scratch : r.output.data,
+                      total / comm.size, r.meta.dtype, r.meta.op);
+  else
+    cudaAllreduce(comm, sequence, route, r.input.data, scratch, total, r.meta.dtype, r.meta.op);
+  if (scratch == nullptr || bytes == 0) return;
+#if SHOAL_WITH_CUDA && SHOAL_WITH_NCCL
+  const uint8_t* mine = static_cast<const uint8_t*>(scratch) + (direct ? 0 : mineAt);
+  {
+    cuda::DeviceScope onDevice(route.device);
+    const char* error = onDevice.error() ? onDevice.error() : cuda::copyAsync(r.output.data, mine, bytes, route.stream);
+    if (error != nullptr)
+      fail(SHOAL_ERR_SYSTEM, "{}: copying rank {}'s {} bytes of the reduction into the output on CUDA device {}: {}",
+           call, comm.rank, bytes, route.device, error);
+  }
+  // The copy's wait, under the call's deadline, up to the copy only (work the
+  // caller queued on the stream since is not waited for).
+  onNccl(comm, route, [&](nccl::Communicator& nc, Deadline deadline) {
+    nc.synchronize(route.stream, "the reduce-scatter's copy into the output", deadline);
+  });
 #endif
 }
 

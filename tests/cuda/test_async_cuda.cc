@@ -170,7 +170,7 @@ TEST(AsyncCudaDevice, AlltoallOfDeviceTensorsGivesDeviceMemory) {
 // The async reduce-scatter of device memory: rank r gets its rows of dim 0 (rows / n each, one
 // more on the first rows % n ranks) in its device output. Even rows under sum go through
 // ncclReduceScatter; uneven rows and a bitwise op (i32 xor) through the CUDA allreduce and a copy
-// of this rank's rows, so one device (n = 1) still runs both branches.
+// of this rank's rows, so one device (n = 1) still runs both branches; an output inside the input.
 TEST(AsyncCudaDevice, ReduceScatterOfDeviceTensorsGivesEveryRankItsRows) {
   std::string why;
   const int devices = devicesOrSkip(&why);
@@ -243,6 +243,30 @@ TEST(AsyncCudaDevice, ReduceScatterOfDeviceTensorsGivesEveryRankItsRows) {
       }
       cudaFree(input);
       cudaFree(output);
+    }
+    // The output inside the input, at its first rows on every rank: NCCL's in-place layout on
+    // rank 0 only; every other rank's output overlaps rows it still sends, which the request
+    // must not clobber before they are sent (it reduces into scratch there, as the host form).
+    const int64_t rows = 2 * n;
+    const size_t total = static_cast<size_t>(rows * row), mine = static_cast<size_t>(2 * row);
+    std::vector<float> floats(total);
+    for (size_t i = 0; i < total; ++i) floats[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+    DeviceFloats inout(floats);
+    shoal_tensor_t in = inout.tensor(rank), out = inout.tensor(rank);
+    in.ndim = out.ndim = 2;
+    in.shape[0] = rows;
+    out.shape[0] = 2;
+    in.shape[1] = out.shape[1] = row;
+    shoal_request_t request = nullptr;
+    ASSERT_TRUE(callOk(shoal_ireduce_scatter(comm, "overlapping", &in, &out, SHOAL_SUM, &request), comm, "overlap"));
+    ASSERT_EQ(shoal_wait(request, 60), SHOAL_OK) << shoal_request_error(request);
+    shoal_request_free(request);
+    const std::vector<float> got = inout.toHost();
+    for (size_t k = 0; k < mine; ++k) {
+      const size_t i = static_cast<size_t>(rank) * mine + k;
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((r + 1) * static_cast<int>(i % 7 + 1));
+      EXPECT_EQ(got[k], want) << "overlapping output, element " << i;
     }
   });
 }

@@ -117,7 +117,7 @@ def test_a_run_past_its_time_limit_failed(report, tmp_path):
             f.write("# exit status %d\n" % status)
     runs = report.load(os.path.join(d, "*.log"))
     assert report.status(runs["limit"]) == "failed: hit its time limit (exit status 124); rank 0 had written its result"
-    assert report.status(runs["killed"]).startswith("failed: hit its time limit (exit status 137)")
+    assert report.status(runs["killed"]).startswith("failed: was killed (SIGKILL: its time limit's kill, or another) (exit status 137)")
     assert report.status(runs["crashed"]) == "failed: Segmentation fault (exit status 134)"
     assert report.status(runs["fine"]) == "ok" and report.step_ms(runs["fine"]) == 40.0
     os.remove(os.path.join(d, "limit.json"))
