@@ -4,11 +4,13 @@
 # link, for the current build and, optionally, another libshoal (before/after a change).
 #
 #   bench/netns/wait_cpu.sh [--hosts 2] [--rate 1gbit] [--size 64M] [--iters 4] [--repeats 3]
-#                           [--before DIR] [--bin DIR] [--peers DIR] [--out FILE]
+#                           [--before DIR] [--before-env 'VAR=VALUE ...'] [--bin DIR] [--peers DIR] [--out FILE]
 #                           [--name NAME] [--subnet A.B.C] [--port P] [--no-lat]
 #
 # --before DIR: a directory holding another libshoal.so.0, loaded instead of the build's through
 # LD_LIBRARY_PATH (shoal-bench's RUNPATH comes after it), run as configuration "shoal_before".
+# --before-env 'VAR=VALUE ...': shoal_before is the same build with these variables set (say
+# SHOAL_UCX_REMOTE_RNDV_BYTES=0); with --before, both apply.
 # Configurations, interleaved (repeat loop outermost), one rank per host:
 #   shoal, shoal_before   shoal-bench -b SIZE -e SIZE -n ITERS -w 1 (out of place and in place)
 #   gloo                  bench/peers/gloo_allreduce --algo ring_chunked, same size
@@ -23,7 +25,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-hosts=2 rate=1gbit size=64M iters=4 repeats=3 before="" out="" name=cpuwait subnet=10.213.0 port=29517 latency=1
+hosts=2 rate=1gbit size=64M iters=4 repeats=3 before="" before_env="" out="" name=cpuwait subnet=10.213.0 port=29517 latency=1
 BIN="$repo/build/bin" PEERS="$repo/build/peers"
 while (($#)); do
   case "$1" in
@@ -33,6 +35,7 @@ while (($#)); do
     --iters) iters=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --before) before=$2; shift 2 ;;
+    --before-env) before_env=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     --peers) PEERS=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -83,16 +86,19 @@ lat() {  # config cmd...
 }
 
 bench=("$BIN/shoal-bench" -b "$size" -e "$size" -w 1 -n "$iters")
+# How shoal_before runs: another library, other variables, or both.
+before_cmd=(env ${before:+LD_LIBRARY_PATH="$before"} $before_env)
+[[ -n "$before" || -n "$before_env" ]] && have_before=1 || have_before=0
 for ((rep = 1; rep <= repeats; rep++)); do
   big shoal 2 "${launch[@]}" "${bench[@]}"
-  [[ -n "$before" ]] && big shoal_before 2 env LD_LIBRARY_PATH="$before" "${launch[@]}" "${bench[@]}"
+  ((have_before)) && big shoal_before 2 "${before_cmd[@]}" "${launch[@]}" "${bench[@]}"
   if [[ -x "$PEERS/gloo_allreduce" ]]; then
     mkdir -p "$tmp/store$rep"
     big gloo 1 "${launch[@]}" "$PEERS/gloo_allreduce" --rank '{rank}' --size '{size}' --host '{addr}' \
       --store-dir "$tmp/store$rep" --algo ring_chunked -b "$size" -e "$size" -w 1 -n "$iters"
   fi
   ((latency)) && lat lat "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
-  ((latency)) && [[ -n "$before" ]] && lat lat_before env LD_LIBRARY_PATH="$before" "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
+  ((latency)) && ((have_before)) && lat lat_before "${before_cmd[@]}" "${launch[@]}" "$BIN/shoal-bench" -b 8 -e 64K -f 8 -n 200 -w 20
 done
 
 report() {

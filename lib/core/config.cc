@@ -40,6 +40,7 @@ const std::vector<Variable>& table() {
       {"SHOAL_SHM_MAX_BYTES", "262144", "When every rank shares one host: auto runs allreduces, broadcasts and barriers up to this size through a shared-memory segment (its slot size; 0 = no segment).", K::Integer, 0, 1 << 26},
       {"SHOAL_SEGMENT_BYTES", "262144", "Pipelining segment of ring and chain algorithms, in bytes.", K::Integer, 4096, 1 << 30},
       {"SHOAL_SPIN_ROUNDS", "auto", "Idle polls before a waiting rank yields its core (auto: 2000, or 20 when ranks outnumber cores).", K::Integer, 0, 1 << 30, "auto"},
+      {"SHOAL_UCX_REMOTE_RNDV_BYTES", "262144", "Peers on other hosts over UCX's TCP: messages of at least this many bytes go by rendezvous, which lands them in the receive buffer itself (no copy out of UCX's receive segments); the endpoints to those peers then connect through UCX's connection manager (a listener per rank), the only way UCX 1.13 offers that path together with peer-failure detection. 0 = eager only, endpoints from worker addresses, 1 MiB receive segments (the behaviour before). Every rank must use the same value; a user's UCX_RNDV_THRESH wins for the threshold.", K::Integer, 0, kMaxBytes},
       // Compression.
       {"SHOAL_COMPRESSOR", "none", "Compressor for allreduce (sum/avg of float tensors): none or a name from shoalrun --list-compressors."},
       {"SHOAL_COMPRESSOR_OPTS", "", "Options of the compressor, k=v,k=v (see shoalrun --list-compressors)."},

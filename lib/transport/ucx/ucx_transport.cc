@@ -11,14 +11,32 @@
 // never match), so disagreeing ranks fail with MISMATCH, not at the deadline.
 //
 // Dead peers: endpoints to other hosts use UCP_ERR_HANDLING_MODE_PEER, so UCX
-// calls onEndpointError when a peer vanishes. UCX 1.13 offers no shared-memory
+// calls onEndpointError when a peer vanishes (on both endpoints of a pair
+// connected through the listeners, see "Large messages across hosts" below). UCX 1.13 offers no shared-memory
 // transport in that mode, so endpoints to peers on the same host use mode NONE
 // (shared memory, several times faster than TCP over loopback) and waitAll
 // watches those peers' processes instead (/proc/<pid>). Either way a dead peer
 // becomes SHOAL_ERR_REMOTE. Every wait also has a deadline, and a rank that
 // fails sends an abort notice to all peers so they fail at once, not at their
 // deadline.
+//
+// Large messages across hosts (SHOAL_UCX_REMOTE_RNDV_BYTES): UCX's eager
+// protocol over TCP reads every byte into its receive segment and copies it
+// again into the receive buffer; its rendezvous over TCP (the receiver sends
+// the buffer's address, the sender's put lands in it: uct/tcp reads the socket
+// straight into the buffer) skips that copy, but UCX 1.13 offers it with
+// UCP_ERR_HANDLING_MODE_PEER only on endpoints connected through its
+// connection manager (a TCP lane that can also connect to an interface would
+// need memory invalidation, which uct/tcp lacks: rendezvous then falls back to
+// active messages, copied like eager ones). So each rank listens (ucp_listener,
+// its port and addresses in the store) and connects one endpoint to each peer
+// on another host; the endpoint that peer accepts is the one UCX answers that
+// peer's rendezvous on. Same-host peers keep worker addresses (shared memory).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sched.h>
@@ -33,11 +51,13 @@
 #include <fstream>
 #include <optional>
 #include <mutex>
+#include <sstream>
 #include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "transport/host.h"
 #include "transport/transport.h"
@@ -91,6 +111,50 @@ void setTcpDefaults(ucp_config_t* config) {
   setDefault("RX_SEG_SIZE", "1m");
 }
 
+// Whether UCX_NET_DEVICES (unset: all) names network device `name`. Entries may carry a port
+// ("mlx5_0:1"); "all" names every device.
+bool netDeviceAllowed(const char* name) {
+  const char* devices = std::getenv("UCX_NET_DEVICES");
+  if (devices == nullptr || *devices == '\0') return true;
+  std::string_view list(devices);
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    std::string_view entry = list.substr(at, comma - at);
+    entry = entry.substr(0, entry.find(':'));
+    if (entry == "all" || entry == name) return true;
+    at = comma + 1;
+  }
+  return false;
+}
+
+// This host's IPv4 addresses that a peer on another host may reach (interfaces up, not
+// loopback, allowed by UCX_NET_DEVICES), with their netmasks; network byte order.
+struct InterfaceAddress {
+  in_addr_t address;
+  in_addr_t mask;
+};
+std::vector<InterfaceAddress> interfaceAddresses() {
+  std::vector<InterfaceAddress> result;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return result;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_netmask == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if (!(it->ifa_flags & IFF_UP) || (it->ifa_flags & IFF_LOOPBACK) || !netDeviceAllowed(it->ifa_name)) continue;
+    result.push_back({reinterpret_cast<const sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr,
+                      reinterpret_cast<const sockaddr_in*>(it->ifa_netmask)->sin_addr.s_addr});
+  }
+  freeifaddrs(list);
+  return result;
+}
+
+std::string ipv4Text(in_addr_t address) {
+  char text[INET_ADDRSTRLEN] = {};
+  in_addr value{};
+  value.s_addr = address;
+  inet_ntop(AF_INET, &value, text, sizeof(text));
+  return text;
+}
+
 
 class UcxTransport final : public Transport {
  public:
@@ -124,6 +188,11 @@ class UcxTransport final : public Transport {
     int peer;
   };
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void onConnectionRequest(ucp_conn_request_h request, void* arg);
+  // Rendezvous across hosts (the file's comment): listen, connect, wait for the peers' connections.
+  void listen(Store& store, const std::string& key);
+  void connectToListener(int peer, Store& store, const std::string& key, Deadline deadline);
+  void awaitPeerConnections(Deadline deadline);
 
   uint64_t wireTag(int sender, uint64_t tag) const { return (uint64_t(sender) << kRankShift) | tag; }
   void checkUsable() const;
@@ -197,6 +266,12 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> endpoints_;
+  // Rendezvous across hosts: this rank's listener, the endpoint each remote peer connected to
+  // it (UCX answers that peer's rendezvous on it), and where this rank connected to each.
+  bool remoteRendezvous_ = false;
+  ucp_listener_h listener_ = nullptr;
+  std::vector<ucp_ep_h> accepted_;
+  std::vector<sockaddr_in> listenerOf_;
   std::unordered_set<void*> live_;
   uint64_t bytesSent_ = 0;  // requests handed out and not yet completed
   std::vector<PeerSlot> peerSlots_;
@@ -246,6 +321,15 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
     }
   }
   const bool anyRemotePeer = ranksOnThisHost < size_;
+  // Every rank of a job across hosts decides alike (anyRemotePeer holds on all of them), as the
+  // TCP receive segment below requires.
+  const long long remoteRndvBytes = config::getInt("SHOAL_UCX_REMOTE_RNDV_BYTES");
+  remoteRendezvous_ = anyRemotePeer && tcpAllowed() && remoteRndvBytes > 0;
+  remotePeer_.assign(size_, false);
+  for (int peer = 0; peer < size_; ++peer) remotePeer_[peer] = !sameHost[peer];
+  peerSlots_.resize(size_);
+  for (int peer = 0; peer < size_; ++peer) peerSlots_[peer] = {this, peer};
+  peerStatus_.assign(size_, UCS_OK);
 
   ucp_config_t* config = nullptr;
   checkUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
@@ -253,12 +337,19 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   // - One host: UCX's automatic rendezvous threshold switches shared-memory
   //   messages to rendezvous at ~8 KiB, doubling the latency of 16-128 KiB
   //   messages: 128 KiB instead.
-  // - Peers on other hosts: rendezvous over UCX's TCP transport reached about
-  //   half a 1 Gbit/s link between namespaces; eager sends reach the link
-  //   rate (as Gloo does; bench/netns, docs/benchmarks.md).
-  if (std::getenv("UCX_RNDV_THRESH") == nullptr)
-    ucp_config_modify(config, "RNDV_THRESH", anyRemotePeer ? "inf" : "131072");
-  if (anyRemotePeer) setTcpDefaults(config);
+  // - Peers on other hosts: rendezvous from SHOAL_UCX_REMOTE_RNDV_BYTES, which
+  //   puts into the receive buffer (the file's comment), with UCX's default
+  //   64 KiB TCP receive segment: a put's first read lands in that segment and
+  //   is copied, the rest goes straight to the buffer, so a larger segment
+  //   would copy more. Without it (0, or TCP not allowed), eager only: the
+  //   rendezvous of worker-address endpoints is copied like eager messages
+  //   and cost 30% more CPU (docs/benchmarks.md), and 1 MiB segments.
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
+    const std::string threshold =
+        remoteRendezvous_ ? std::to_string(remoteRndvBytes) : anyRemotePeer ? "inf" : "131072";
+    ucp_config_modify(config, "RNDV_THRESH", threshold.c_str());
+  }
+  if (anyRemotePeer && !remoteRendezvous_) setTcpDefaults(config);
   // Listening: UCX's TCP transport listens on every network device it uses. When every peer is
   // on this host (and network namespace), the only device the job needs is loopback, so a
   // one-host job is not reachable from the network. Jobs spanning hosts keep UCX's choice. A
@@ -273,8 +364,9 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   checkUcs(status, "ucp_init");
 
   ucp_worker_params_t workerParams{};
-  workerParams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  workerParams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
   workerParams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  workerParams.client_id = static_cast<uint64_t>(rank_);  // names this rank to the listeners it connects to
   checkUcs(ucp_worker_create(context_, &workerParams, &worker_), "ucp_worker_create");
 
   ucp_worker_attr_t attr{};
@@ -287,17 +379,20 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   if (ucp_worker_get_efd(worker_, &eventFd_) != UCS_OK) eventFd_ = -1;
   spinRounds_ = static_cast<unsigned>(options.spinRounds);
   postAbortReceive();
+  const std::string listenerPrefix = options.keyPrefix + "ucx/listener/";
+  if (remoteRendezvous_) listen(*options.store, listenerPrefix);
   options.store->set(prefix + std::to_string(rank_), address);
 
-  remotePeer_.assign(size_, false);
-  for (int peer = 0; peer < size_; ++peer) remotePeer_[peer] = !sameHost[peer];
   endpoints_.assign(size_, nullptr);
-  peerSlots_.resize(size_);
-  peerStatus_.assign(size_, UCS_OK);
+  accepted_.assign(size_, nullptr);
+  listenerOf_.assign(size_, sockaddr_in{});
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
+    if (remoteRendezvous_ && remotePeer_[peer]) {
+      connectToListener(peer, *options.store, listenerPrefix, deadline);
+      continue;
+    }
     Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
-    peerSlots_[peer] = {this, peer};
     ucp_ep_params_t epParams{};
     epParams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -308,6 +403,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
     epParams.err_handler.arg = &peerSlots_[peer];
     checkUcs(ucp_ep_create(worker_, &epParams, &endpoints_[peer]), "ucp_ep_create");
   }
+  if (remoteRendezvous_) awaitPeerConnections(deadline);
   if (options.spinRounds < 0) {
     // Auto: spinning pays only while every rank of this host has a core of its own.
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -321,17 +417,20 @@ UcxTransport::~UcxTransport() {
     ucp_request_free(abortReceive_);
     abortReceive_ = nullptr;
   }
+  if (listener_ != nullptr) ucp_listener_destroy(listener_);
   // Close gracefully (flush) when healthy; force-close when peers may be gone.
   // (Force-close exists only for error-handling mode PEER, i.e. remote peers.)
   std::vector<void*> closing;
-  for (int peer = 0; peer < static_cast<int>(endpoints_.size()); ++peer) {
-    if (endpoints_[peer] == nullptr) continue;
+  auto close = [&](ucp_ep_h endpoint, int peer) {
+    if (endpoint == nullptr) return;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = (failed() && localPeerPid_[peer] == 0) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* request = ucp_ep_close_nbx(endpoints_[peer], &param);
+    void* request = ucp_ep_close_nbx(endpoint, &param);
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
-  }
+  };
+  for (int peer = 0; peer < static_cast<int>(endpoints_.size()); ++peer) close(endpoints_[peer], peer);
+  for (int peer = 0; peer < static_cast<int>(accepted_.size()); ++peer) close(accepted_[peer], peer);
   Deadline deadline = deadlineAfter(2.0);
   for (void* request : closing) {
     while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline)
@@ -345,6 +444,131 @@ UcxTransport::~UcxTransport() {
 void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* slot = static_cast<PeerSlot*>(arg);
   slot->self->peerStatus_[slot->peer] = status;
+}
+
+// Listens on every interface, on a port the kernel picks; the store gets "port address ..."
+// (the addresses a peer may reach, interfaceAddresses()).
+void UcxTransport::listen(Store& store, const std::string& key) {
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_ANY);
+  any.sin_port = 0;
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&any);
+  params.sockaddr.addrlen = sizeof(any);
+  params.conn_handler.cb = &UcxTransport::onConnectionRequest;
+  params.conn_handler.arg = this;
+  checkUcs(ucp_listener_create(worker_, &params, &listener_),
+           "ucp_listener_create (set SHOAL_UCX_REMOTE_RNDV_BYTES=0 on every rank to connect without listeners)");
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  checkUcs(ucp_listener_query(listener_, &attr), "ucp_listener_query");
+  const unsigned port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  std::string value = std::to_string(port);
+  for (const InterfaceAddress& local : interfaceAddresses()) value += " " + ipv4Text(local.address);
+  store.set(key + std::to_string(rank_), Bytes(value.begin(), value.end()));
+}
+
+// Connects this rank's endpoint for sends to `peer` to that peer's listener: at the first of
+// its addresses on a subnet of one of this host's interfaces, else at its first.
+void UcxTransport::connectToListener(int peer, Store& store, const std::string& key, Deadline deadline) {
+  Bytes value = store.get(key + std::to_string(peer), deadline);
+  std::istringstream words(std::string(value.begin(), value.end()));
+  unsigned port = 0;
+  words >> port;
+  std::vector<in_addr_t> addresses;
+  for (std::string word; words >> word;) {
+    in_addr address{};
+    if (inet_pton(AF_INET, word.c_str(), &address) == 1) addresses.push_back(address.s_addr);
+  }
+  if (port == 0 || port > 65535 || addresses.empty())
+    fail(SHOAL_ERR_SYSTEM,
+         "rank {}: rank {} (on another host) published no address for its UCX listener ('{}'): has its host an IPv4 "
+         "interface up that UCX_NET_DEVICES allows? (SHOAL_UCX_REMOTE_RNDV_BYTES=0 on every rank connects without "
+         "listeners)",
+         rank_, peer, std::string(value.begin(), value.end()));
+  in_addr_t chosen = addresses.front();
+  const std::vector<InterfaceAddress> locals = interfaceAddresses();
+  auto onLocalSubnet = [&](in_addr_t address) {
+    for (const InterfaceAddress& local : locals)
+      if ((address & local.mask) == (local.address & local.mask)) return true;
+    return false;
+  };
+  for (in_addr_t address : addresses)
+    if (onLocalSubnet(address)) {
+      chosen = address;
+      break;
+    }
+  sockaddr_in& target = listenerOf_[peer];  // a member: outlives the endpoint's connection
+  target.sin_family = AF_INET;
+  target.sin_port = htons(static_cast<uint16_t>(port));
+  target.sin_addr.s_addr = chosen;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&target);
+  params.sockaddr.addrlen = sizeof(target);
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::onEndpointError;
+  params.err_handler.arg = &peerSlots_[peer];
+  checkUcs(ucp_ep_create(worker_, &params, &endpoints_[peer]), "ucp_ep_create (to a peer's listener)");
+}
+
+// Called from ucp_worker_progress: accepts the connection of a peer on another host (its rank
+// is the client id its worker sent), once per peer; anything else is rejected.
+void UcxTransport::onConnectionRequest(ucp_conn_request_h request, void* arg) {
+  auto* self = static_cast<UcxTransport*>(arg);
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
+  const bool known = ucp_conn_request_query(request, &attr) == UCS_OK;
+  const uint64_t peer = attr.client_id;
+  if (!known || peer >= static_cast<uint64_t>(self->size_) || !self->remotePeer_[peer] ||
+      self->accepted_[peer] != nullptr) {
+    SHOAL_LOG_DEBUG("rank {}: rejected a UCX connection request (client id {})", self->rank_, attr.client_id);
+    ucp_listener_reject(self->listener_, request);
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::onEndpointError;
+  params.err_handler.arg = &self->peerSlots_[peer];
+  const ucs_status_t status = ucp_ep_create(self->worker_, &params, &self->accepted_[peer]);
+  if (status != UCS_OK) {
+    self->accepted_[peer] = nullptr;
+    self->peerStatus_[peer] = status;
+  }
+}
+
+// UCX accepts a connection only while this rank progresses: wait here until every peer on
+// another host has connected, so that no peer's first message waits on a rank busy elsewhere
+// after init, and a peer that cannot reach this host fails init with the address it used.
+void UcxTransport::awaitPeerConnections(Deadline deadline) {
+  for (;;) {
+    std::string missing;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_ || !remotePeer_[peer]) continue;
+      if (peerStatus_[peer] != UCS_OK)
+        fail(SHOAL_ERR_REMOTE, "rank {}: connecting to rank {} (UCX listener at {}:{}) failed: {}", rank_, peer,
+             ipv4Text(listenerOf_[peer].sin_addr.s_addr), ntohs(listenerOf_[peer].sin_port),
+             ucs_status_string(peerStatus_[peer]));
+      if (accepted_[peer] == nullptr) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peer);
+    }
+    if (missing.empty()) return;
+    if (Clock::now() > deadline)
+      fail(SHOAL_ERR_TIMEOUT,
+           "rank {}: rank(s) {} on other hosts did not connect to this rank's UCX listener within SHOAL_TIMEOUT_S: are "
+           "they running, and can they reach this host?",
+           rank_, missing);
+    if (ucp_worker_progress(worker_) == 0) {
+      pollfd descriptor{eventFd_, POLLIN, 0};
+      if (eventFd_ >= 0 && ucp_worker_arm(worker_) == UCS_OK) ::poll(&descriptor, 1, 10);
+    }
+  }
 }
 
 void UcxTransport::postAbortReceive() {
@@ -765,6 +989,7 @@ std::string UcxTransport::describePeer(int peer) const {
   std::fclose(out);
   std::string report(text, length);
   std::free(text);
+  SHOAL_LOG_DEBUG("rank {}: UCX endpoint to rank {}:\n{}", rank_, peer, report);
 
   std::vector<std::string> lanes;  // "tl/dev", each once, in lane order
   for (size_t at = report.find("lane["); at != std::string::npos; at = report.find("lane[", at + 1)) {
@@ -774,6 +999,7 @@ std::string UcxTransport::describePeer(int peer) const {
     size_t end = report.find_first_of(" \t\n", begin);
     if (begin == std::string::npos || end == std::string::npos) break;
     std::string resource = report.substr(begin, end - begin);       // e.g. "8:posix/memory.0"
+    if (resource == "cm") continue;  // the connection manager's lane (endpoints through a listener)
     if (size_t index = resource.find(':'); index != std::string::npos) resource.erase(0, index + 1);
     if (size_t dot = resource.rfind('.'); dot != std::string::npos) resource.erase(dot);  // the lane's sub-index
     bool seen = false;
@@ -796,8 +1022,12 @@ std::string UcxTransport::describePeer(int peer) const {
     if (on) kinds += (kinds.empty() ? "" : " + ") + std::string(kind);
   std::string joined;
   for (const std::string& lane : lanes) joined += (joined.empty() ? "" : ", ") + lane;
-  return fmt::format("{} ({}){}", kinds.empty() ? "other" : kinds, joined,
-                     localPeerPid_[peer] != 0 ? ", same host" : "");
+  // A lane for remote memory access (a lane line's "rma_bw#0") is what lets a rendezvous put
+  // into the receive buffer; without one, UCX's rendezvous copies like its eager protocol.
+  const bool rendezvousInPlace = report.find("rma_bw#") != std::string::npos;
+  return fmt::format("{} ({}){}{}", kinds.empty() ? "other" : kinds, joined,
+                     localPeerPid_[peer] != 0 ? ", same host" : "",
+                     tcp && rendezvousInPlace ? ", rendezvous into the receive buffer" : "");
 }
 
 }  // namespace
