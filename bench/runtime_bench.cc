@@ -139,6 +139,9 @@ Row runConfig(const Options& options) {
   const double idleCpuMsPerS = (processCpuS() - cpuBefore) * 1e3 / kIdleS;
   check(shoal_async_stats(comm, &idleAfter), comm, "shoal_async_stats");
   const double idleRoundsPerS = static_cast<double>(idleAfter.cycles - idleBefore.cycles) / kIdleS;
+  // Every rank has read its count before any rank's shutdown round (destroy) can start: a rank
+  // whose window began a little later would otherwise count the first rank's shutdown as idle.
+  check(shoal_barrier(comm), comm, "shoal_barrier");
   check(shoal_comm_destroy(comm), nullptr, "shoal_comm_destroy");
   return {median(times), median(negotiation), median(cycles), median(groups), idleRoundsPerS, idleCpuMsPerS, fullRounds};
 }

@@ -327,7 +327,7 @@ typedef struct shoal_compress_stats {
   const char *compressor;        /* the compressor that ran ("none" if the call went uncompressed) */
   uint64_t input_bytes;          /* this rank's uncompressed bytes */
   uint64_t payload_bytes;        /* bytes of every payload this rank handed to collectives */
-  uint64_t wire_bytes;           /* bytes this rank sent on the wire for the call */
+  uint64_t wire_bytes;           /* bytes this rank sent for the call (transport, NCCL, its shared-memory slots) */
   int rounds;                    /* collective rounds the compressor asked for */
 } shoal_compress_stats_t;
 

@@ -122,6 +122,12 @@ namespace {
 
 using plugin::CompressorInstance;
 
+// What this rank has sent so far: over the host transport, over NCCL, and
+// into its shared-memory slots (one host: a payload reaches the peers there).
+uint64_t bytesSentSoFar(const shoal_comm& comm) {
+  return comm.transport->bytesSent() + cudaBytesSent(comm) + (comm.shm ? comm.shm->bytesPublished() : 0);
+}
+
 // Every rank must run the same compressor, options and shapes, and every
 // rank's start() must have accepted the call: one small max-allreduce of
 // {hash, ~hash, refusal} tells every rank about a disagreement or a refusal
@@ -202,7 +208,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   operation.step = comm.compressors->nextStep();
   operation.error_text = errorText;
   operation.error_text_size = sizeof errorText;
-  uint64_t sentBefore = comm.transport->bytesSent() + cudaBytesSent(comm);
+  const uint64_t sentBefore = bytesSentSoFar(comm);
   void* opState = nullptr;
   shoal_status_t startStatus =
       route.refusal != SHOAL_OK ? route.refusal : table.start(instance.handle(), &operation, &opState);
@@ -232,7 +238,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
     if (!comm.transport->failed()) comm.transport->abort(error.what());
     throw;
   }
-  stats.wireBytes = comm.transport->bytesSent() + cudaBytesSent(comm) - sentBefore;
+  stats.wireBytes = bytesSentSoFar(comm) - sentBefore;
   stats.algorithm = "compressed";  // across hosts only, runHierarchicalCompressed renames it
 }
 
@@ -430,7 +436,7 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
                         plan.tensorOffset(t, static_cast<int>(b)) * element,
                     plan.blocks[t][b] * element);
   }
-  const uint64_t sentBefore = comm.transport->bytesSent();
+  const uint64_t sentBefore = bytesSentSoFar(comm);
   HostLegs legs(*comm.transport, *comm.hosts, plan.shards, element, comm.segmentBytes);
   uint64_t leg3Tags = 0;  // where leg 3 starts in the call's tags
   runCollective(comm, sequence, [&](Context& context) {
@@ -484,7 +490,7 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
       for (size_t b = 0; b < plan.shards.size(); ++b)
         std::memcpy(static_cast<uint8_t*>(tensors[t].output.data) + plan.tensorOffset(t, static_cast<int>(b)) * element,
                     data + plan.packedOffset(t, static_cast<int>(b)) * element, plan.blocks[t][b] * element);
-  stats.wireBytes = comm.transport->bytesSent() - sentBefore;
+  stats.wireBytes = bytesSentSoFar(comm) - sentBefore;
   stats.acrossHostsOnly = true;
   stats.algorithm = "hierarchical";
 }

@@ -51,11 +51,11 @@ fi
 
 echo "== UCX's TCP receive segment across hosts: 1 MiB for eager only, UCX's own under rendezvous, a user's wins"
 # UCX logs at debug level each setting it applies to a transport ("apply UCT configuration").
-# Under rendezvous (SHOAL_UCX_REMOTE_RNDV_BYTES, default 256 KiB) shoal keeps UCX's 64 KiB
+# Under rendezvous (SHOAL_UCX_REMOTE_RNDV_BYTES=262144; the default 0 is eager only) shoal keeps UCX's 64 KiB
 # segment (a put's first read lands in it); with 0 (eager only) it sets 1 MiB.
 for run in "rndv:" "eager:" "eager:128k"; do
   rndv=${run%%:*} user=${run#*:}
-  env ${user:+UCX_TCP_RX_SEG_SIZE=$user} $([[ $rndv == eager ]] && echo SHOAL_UCX_REMOTE_RNDV_BYTES=0) \
+  env ${user:+UCX_TCP_RX_SEG_SIZE=$user} SHOAL_UCX_REMOTE_RNDV_BYTES=$([[ $rndv == eager ]] && echo 0 || echo 262144) \
     UCX_LOG_LEVEL=debug "${launch[@]}" "$bin/shoal-bench" -b 1M -e 1M -n 1 -w 0 -c 1 >"$tmp/seg.log" 2>&1 ||
     { echo "FAIL: allreduce, $rndv, UCX_TCP_RX_SEG_SIZE=${user:-unset}"; fail=1; }
   applied=$(grep -c "apply UCT configuration RX_SEG_SIZE=" "$tmp/seg.log")
@@ -70,12 +70,12 @@ done
 echo "== rendezvous into the receive buffer across hosts (endpoints through UCX's listeners)"
 # describePeer (SHOAL_LOG_LEVEL=info) says so when UCX gave the endpoint a lane for remote
 # memory access, which the put of a rendezvous needs; worker-address endpoints (with 0) have none.
-for rndv in default 0; do
-  env $([[ $rndv == 0 ]] && echo SHOAL_UCX_REMOTE_RNDV_BYTES=0) SHOAL_LOG_LEVEL=info "${launch[@]}" \
+for rndv in 262144 0; do
+  env SHOAL_UCX_REMOTE_RNDV_BYTES=$rndv SHOAL_LOG_LEVEL=info "${launch[@]}" \
     "$bin/shoal-bench" -b 8M -e 8M -n 2 -w 1 -c 1 >"$tmp/rndv.log" 2>&1 ||
     { echo "FAIL: 8 MiB allreduce, SHOAL_UCX_REMOTE_RNDV_BYTES=$rndv: $(tail -2 "$tmp/rndv.log")"; fail=1; }
   inplace=$(grep "via ucx" "$tmp/rndv.log" | grep -c "rendezvous into the receive buffer")
-  if [[ $rndv == default ]]; then
+  if [[ $rndv != 0 ]]; then
     ((inplace == 2)) || { echo "FAIL: $inplace of 2 ranks report rendezvous into the receive buffer: $(grep -m2 'via ucx' "$tmp/rndv.log")"; fail=1; }
   else
     ((inplace == 0)) || { echo "FAIL: worker-address endpoints report rendezvous into the receive buffer"; fail=1; }
@@ -86,7 +86,7 @@ echo "== a count that differs between the hosts, above the rendezvous threshold"
 # Rank 0 allreduces 4 MiB, rank 1 8 MiB (ring segments of 256 KiB, i.e. rendezvous messages):
 # they must fail with the mismatch's text (the call signature in the tag finds it), not hang on
 # an unmatched rendezvous. run.sh replaces {rank} per rank.
-"${launch[@]}" bash -c 'exec "$0" -b $((4 + 4 * {rank}))M -e $((4 + 4 * {rank}))M -n 1 -w 0 -c 1' \
+SHOAL_UCX_REMOTE_RNDV_BYTES=262144 "${launch[@]}" bash -c 'exec "$0" -b $((4 + 4 * {rank}))M -e $((4 + 4 * {rank}))M -n 1 -w 0 -c 1' \
   "$bin/shoal-bench" >"$tmp/mismatch.log" 2>&1
 status=$?
 if ((status == 0)); then
@@ -95,6 +95,24 @@ elif ((status == 124)); then
   echo "FAIL: allreduces of 4 and 8 MiB across the hosts hung (run.sh's timeout)"; fail=1
 elif ! grep -qiE "mismatch|do all ranks" "$tmp/mismatch.log"; then
   echo "FAIL: no mismatch text: $(tail -3 "$tmp/mismatch.log")"; fail=1
+fi
+
+echo "== SHOAL_UCX_REMOTE_RNDV_BYTES on one host only"
+# Rank 1 connects through listeners, rank 0 without (the default): both fail at init with the text
+# that names the variable, well before SHOAL_TIMEOUT_S (20 s), instead of rank 0 waiting for a
+# connection that never comes.
+start=$SECONDS
+"${launch[@]}" bash -c '[[ {rank} == 1 ]] && export SHOAL_UCX_REMOTE_RNDV_BYTES=262144; exec "$0" -b 1M -e 1M -n 1 -w 0 -c 1' \
+  "$bin/shoal-bench" >"$tmp/rndvmix.log" 2>&1
+status=$?
+elapsed=$((SECONDS - start))
+if ((status == 0)); then
+  echo "FAIL: ranks with and without SHOAL_UCX_REMOTE_RNDV_BYTES ran an allreduce"; fail=1
+elif ! grep -q "set the same SHOAL_UCX_REMOTE_RNDV_BYTES" "$tmp/rndvmix.log"; then
+  # Both ranks check; run.sh stops the other as soon as the first exits, so one text suffices.
+  echo "FAIL: no rank names SHOAL_UCX_REMOTE_RNDV_BYTES: $(tail -3 "$tmp/rndvmix.log")"; fail=1
+elif ((elapsed >= 15)); then
+  echo "FAIL: the ranks took ${elapsed}s to fail (the deadline, not the check)"; fail=1
 fi
 
 echo "== a rank killed in the middle of an allreduce"

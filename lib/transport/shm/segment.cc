@@ -390,6 +390,7 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
   if (data != nullptr) {
     if (bytes <= kInlineBytes) copyInline(mine + kHeaderBytes, static_cast<const uint8_t*>(data), bytes);
     else std::memcpy(mine + kHeaderBytes, data, bytes);
+    bytesPublished_ += bytes;
   }
   header->bytes = static_cast<uint32_t>(bytes);
   header->tag = round.tag;

@@ -71,6 +71,9 @@ class SharedSegment {
   // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
   void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, const CallDeadline& deadline);
   const uint8_t* peerData(int rank) const { return slot(rank, static_cast<int>(rounds_ & 1)) + kHeaderBytes; }
+  // Bytes this rank wrote into its slots for its peers so far: what it "sent"
+  // through the segment (a compressor's payload on one host, for its stats).
+  uint64_t bytesPublished() const { return bytesPublished_; }
 
   // Throws when a rank gave up on the communicator (the abort word; MISMATCH
   // or REMOTE). One load: the end-of-call check of a call that ran through
@@ -98,6 +101,7 @@ class SharedSegment {
   uint8_t* slots_;          // the first slot (rank 0, parity 0): computed once, read every round
   std::vector<long> pids_;  // every rank's process (0 or this process: not checked)
   uint64_t rounds_ = 0;     // rounds done on this communicator (the same count on every rank)
+  uint64_t bytesPublished_ = 0;
   int spinPolls_;           // polls before a wait starts yielding its core
   bool aborted_ = false;
 };

@@ -192,6 +192,7 @@ class UcxTransport final : public Transport {
   // Rendezvous across hosts (the file's comment): listen, connect, wait for the peers' connections.
   void listen(Store& store, const std::string& key);
   void connectToListener(int peer, Store& store, const std::string& key, Deadline deadline);
+  Bytes checkPeerListens(int peer, bool listening, Store& store, const std::string& key, Deadline deadline) const;
   void awaitPeerConnections(Deadline deadline);
 
   uint64_t wireTag(int sender, uint64_t tag) const { return (uint64_t(sender) << kRankShift) | tag; }
@@ -380,7 +381,11 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
   spinRounds_ = static_cast<unsigned>(options.spinRounds);
   postAbortReceive();
   const std::string listenerPrefix = options.keyPrefix + "ucx/listener/";
+  // Without listeners (SHOAL_UCX_REMOTE_RNDV_BYTES=0, or TCP not allowed) a job across hosts
+  // says so under the same key, so that ranks that disagree fail at once, with text, instead of
+  // one side waiting for connections until the deadline.
   if (remoteRendezvous_) listen(*options.store, listenerPrefix);
+  else if (anyRemotePeer) options.store->set(listenerPrefix + std::to_string(rank_), Bytes{'n', 'o', 'n', 'e'});
   options.store->set(prefix + std::to_string(rank_), address);
 
   endpoints_.assign(size_, nullptr);
@@ -392,6 +397,7 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
       connectToListener(peer, *options.store, listenerPrefix, deadline);
       continue;
     }
+    if (remotePeer_[peer]) checkPeerListens(peer, false, *options.store, listenerPrefix, deadline);
     Bytes remote = options.store->get(prefix + std::to_string(peer), deadline);
     ucp_ep_params_t epParams{};
     epParams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -472,8 +478,22 @@ void UcxTransport::listen(Store& store, const std::string& key) {
 
 // Connects this rank's endpoint for sends to `peer` to that peer's listener: at the first of
 // its addresses on a subnet of one of this host's interfaces, else at its first.
-void UcxTransport::connectToListener(int peer, Store& store, const std::string& key, Deadline deadline) {
+// Whether `peer` connects as this rank does (through listeners or not), from what it published
+// under `key`; returns that value. Ranks that differ fail here on both sides.
+Bytes UcxTransport::checkPeerListens(int peer, bool listening, Store& store, const std::string& key,
+                                     Deadline deadline) const {
   Bytes value = store.get(key + std::to_string(peer), deadline);
+  const bool peerListens = std::string(value.begin(), value.end()) != "none";
+  if (peerListens != listening)
+    fail(SHOAL_ERR_INVALID_ARGUMENT,
+         "rank {}: rank {} (on another host) connects {} listeners, this rank {} (SHOAL_UCX_REMOTE_RNDV_BYTES > 0 and "
+         "TCP allowed: through them; 0: without); set the same SHOAL_UCX_REMOTE_RNDV_BYTES and UCX_TLS on every rank",
+         rank_, peer, peerListens ? "through" : "without", listening ? "through them" : "without");
+  return value;
+}
+
+void UcxTransport::connectToListener(int peer, Store& store, const std::string& key, Deadline deadline) {
+  Bytes value = checkPeerListens(peer, true, store, key, deadline);
   std::istringstream words(std::string(value.begin(), value.end()));
   unsigned port = 0;
   words >> port;
