@@ -10,16 +10,9 @@ COMPRESSED_ALLREDUCE, ENCODE (round 1: the values), the values' COMPRESSED_ALLRE
 Steps whose spans do not have that shape are left out (and counted).
 """
 import argparse
-import json
 import statistics
 
-
-def load(path):
-    with open(path) as f:
-        text = f.read().strip()
-    if not text.endswith("]"):
-        text = text.rstrip(",\n ") + "\n]"
-    return json.loads(text)
+from timeline_summary import load  # a timeline that may be cut short (no closing bracket)
 
 
 def main():
