@@ -7,6 +7,7 @@
 
 #include "api/export.h"
 #include "api/guard.h"
+#include "api/versioned.h"
 #include "plugin/driver.h"
 #include "runtime/engine.h"
 #include "api/checks.h"
@@ -138,11 +139,8 @@ SHOAL_EXPORT shoal_status_t shoal_iallreduce(shoal_comm_t comm, const char* name
     if (outMeta.elements() != r->meta.elements())
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: input has {} elements but output {}; they must hold the same count", call,
            r->meta.elements(), outMeta.elements());
-    if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_async_options_t)))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ASYNC_OPTIONS_INIT", call,
-           options->struct_size);
-    shoal_async_options_t resolved = SHOAL_ASYNC_OPTIONS_INIT;
-    if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+    const shoal_async_options_t resolved =
+        readVersioned<shoal_async_options_t>(call, "options", options, SHOAL_ASYNC_OPTIONS_INIT);
     plugin::CompressorChoice choice =
         plugin::resolveCompressor(c.compressors->defaults, resolved.compressor, resolved.compressor_options,
                                   resolved.compress_min_bytes);
@@ -418,8 +416,6 @@ SHOAL_EXPORT shoal_status_t shoal_request_free(shoal_request_t request) {
 SHOAL_EXPORT shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_stats_t* stats) {
   return guarded(comm, [&] {
     if (comm == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_async_stats: comm is NULL");
-    if (stats == nullptr || stats->struct_size == 0 || stats->struct_size > sizeof(shoal_async_stats_t))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_async_stats: stats must come from SHOAL_ASYNC_STATS_INIT");
     runtime::EngineStats s = comm->engine ? comm->engine->stats() : runtime::EngineStats{};
     shoal_async_stats_t result = SHOAL_ASYNC_STATS_INIT;
     result.cycles = s.cycles;
@@ -428,6 +424,6 @@ SHOAL_EXPORT shoal_status_t shoal_async_stats(shoal_comm_t comm, shoal_async_sta
     result.tensors = s.tensors;
     result.groups = s.groups;
     result.negotiation_us = s.negotiationUs;
-    std::memcpy(stats, &result, stats->struct_size);
+    writeVersioned("shoal_async_stats", "stats", stats, result);
   });
 }

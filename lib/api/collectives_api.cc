@@ -7,6 +7,7 @@
 #include "api/checks.h"
 #include "api/enter.h"
 #include "api/export.h"
+#include "api/versioned.h"
 #include "comm/hosts.h"
 #include "collectives/collectives.h"
 #include "comm/agree.h"
@@ -83,12 +84,8 @@ SHOAL_EXPORT shoal_status_t shoal_allreduce_tensor(shoal_comm_t comm, const shoa
     const shoal_allreduce_options_t* effective = options;
     size_t count = 0;
     auto checks = [&] {
-      if (options != nullptr && (options->struct_size == 0 || options->struct_size > sizeof(shoal_allreduce_options_t)))
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: options->struct_size is {}; start from SHOAL_ALLREDUCE_OPTIONS_INIT", name,
-             options->struct_size);
-      if (options == nullptr || options->struct_size < sizeof resolved) {
-        resolved = SHOAL_ALLREDUCE_OPTIONS_INIT;
-        if (options != nullptr) std::memcpy(&resolved, options, options->struct_size);
+      if (options == nullptr || options->struct_size != sizeof resolved) {
+        resolved = readVersioned<shoal_allreduce_options_t>(name, "options", options, SHOAL_ALLREDUCE_OPTIONS_INIT);
         effective = &resolved;
       }
       checkDtypeOp(name, input->dtype, op);

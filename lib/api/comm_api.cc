@@ -8,6 +8,7 @@
 #include "api/attach.h"
 #include "api/export.h"
 #include "api/guard.h"
+#include "api/versioned.h"
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "plugin/driver.h"
@@ -20,16 +21,9 @@ SHOAL_EXPORT shoal_status_t shoal_comm_init_config(const shoal_config_t* config,
   return guarded(nullptr, [&] {
     if (comm == nullptr) shoal::fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_comm_init: comm (the out-parameter) is NULL");
     *comm = nullptr;
-    shoal_config_t resolved = SHOAL_CONFIG_INIT;
-    if (config != nullptr) {
-      // A shorter struct (an older caller) keeps the defaults of the fields it lacks.
-      if (config->struct_size == 0 || config->struct_size > sizeof(shoal_config_t))
-        shoal::fail(SHOAL_ERR_INVALID_ARGUMENT,
-                    "shoal_comm_init_config: config->struct_size is {}; initialise the struct with SHOAL_CONFIG_INIT",
-                    config->struct_size);
-      std::memcpy(&resolved, config, config->struct_size);
-      resolved.struct_size = sizeof(shoal_config_t);
-    }
+    // A shorter struct (an older caller) keeps the defaults of the fields it lacks.
+    const shoal_config_t resolved =
+        shoal::readVersioned<shoal_config_t>("shoal_comm_init_config", "config", config, SHOAL_CONFIG_INIT);
     std::unique_ptr<shoal_comm> made = shoal::createComm(resolved);
     shoal::attachUpperLayers(*made);
     *comm = made.release();

@@ -4,6 +4,7 @@
 
 #include "api/export.h"
 #include "api/guard.h"
+#include "api/versioned.h"
 #include "plugin/driver.h"
 #include "comm/communicator.h"
 #include "shoal/compressor.h"
@@ -29,15 +30,13 @@ plugin::CompressorInstance& instanceFor(shoal_comm& comm, const char* call, cons
 SHOAL_EXPORT shoal_status_t shoal_last_compress_stats(shoal_comm_t comm, shoal_compress_stats_t* stats) {
   return guarded(comm, [&] {
     shoal_comm& c = usableComm(comm, "shoal_last_compress_stats");
-    if (stats == nullptr || stats->struct_size == 0 || stats->struct_size > sizeof(shoal_compress_stats_t))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "shoal_last_compress_stats: stats must come from SHOAL_COMPRESS_STATS_INIT");
     shoal_compress_stats_t result = SHOAL_COMPRESS_STATS_INIT;
     result.compressor = c.lastStats.compressor.c_str();
     result.input_bytes = c.lastStats.inputBytes;
     result.payload_bytes = c.lastStats.payloadBytes;
     result.wire_bytes = c.lastStats.wireBytes;
     result.rounds = c.lastStats.rounds;
-    std::memcpy(stats, &result, stats->struct_size);
+    writeVersioned("shoal_last_compress_stats", "stats", stats, result);
   });
 }
 

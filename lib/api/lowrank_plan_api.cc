@@ -11,6 +11,7 @@
 #include "api/enter.h"
 #include "api/export.h"
 #include "api/guard.h"
+#include "api/versioned.h"
 #include "comm/agree.h"
 #include "comm/call.h"
 #include "comm/communicator.h"
@@ -95,12 +96,8 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_create(const shoal_lowrank_matrix
     if (matrices == nullptr) fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: matrices is NULL; pass the descriptors", call);
     if (num_matrices < 1)
       fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: num_matrices is {}; pass at least one matrix", call, num_matrices);
-    shoal_lowrank_config_t c = SHOAL_LOWRANK_CONFIG_INIT;
-    if (config != nullptr) {
-      if (config->struct_size == 0 || config->struct_size > sizeof c)
-        fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: config must start from SHOAL_LOWRANK_CONFIG_INIT", call);
-      std::memcpy(&c, config, config->struct_size);
-    }
+    const shoal_lowrank_config_t c =
+        readVersioned<shoal_lowrank_config_t>(call, "config", config, SHOAL_LOWRANK_CONFIG_INIT);
     checkConfig(call, c);
     for (int i = 0; i < num_matrices; ++i) checkMatrix(call, i, matrices[i]);
     *plan = std::make_unique<shoal_lowrank_plan>(matrices, num_matrices, c).release();
@@ -113,8 +110,6 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_sizes(shoal_lowrank_plan_t plan, 
   return guarded(nullptr, [&] {
     const char* call = "shoal_lowrank_plan_sizes";
     const Plan& p = usablePlan(plan, call);
-    if (sizes == nullptr || sizes->struct_size == 0 || sizes->struct_size > sizeof(shoal_lowrank_sizes_t))
-      fail(SHOAL_ERR_INVALID_ARGUMENT, "{}: sizes must come from SHOAL_LOWRANK_SIZES_INIT", call);
     shoal_lowrank_sizes_t result = SHOAL_LOWRANK_SIZES_INIT;
     result.p_elems = p.layout().pBufferElems();
     result.q_elems = p.layout().qElems;
@@ -122,7 +117,7 @@ SHOAL_EXPORT shoal_status_t shoal_lowrank_plan_sizes(shoal_lowrank_plan_t plan, 
     result.dense_elems = p.layout().denseElems;
     result.workspace_bytes = p.layout().mElems * sizeof(float);
     result.state_bytes = p.stateBytes();
-    std::memcpy(sizes, &result, sizes->struct_size);
+    writeVersioned(call, "sizes", sizes, result);
   });
 }
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -244,6 +245,62 @@ TEST(InvalidArgument, AllreduceOptionsStructSize) {
                     {"shoal_allreduce_tensor", "struct_size", "SHOAL_ALLREDUCE_OPTIONS_INIT"},
                     "struct_size " + std::to_string(size));
     }
+  });
+}
+
+// A struct_size inside a field (here: half of the compressor pointer) is
+// refused with text naming the sizes that are accepted, not read as a
+// struct that ends there.
+TEST(InvalidArgument, StructSizeInsideAFieldIsRefused) {
+  onOneRank([](shoal_comm_t comm) {
+    float data[4] = {1, 2, 3, 4};
+    shoal_tensor_t tensor = shoal_tensor_1d(data, 4, SHOAL_F32);
+    shoal_allreduce_options_t options = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    options.compressor = "fp16";
+    options.struct_size = offsetof(shoal_allreduce_options_t, compressor) + 4;
+    const std::string size = std::to_string(options.struct_size);
+    const std::string older = std::to_string(offsetof(shoal_allreduce_options_t, compressor));
+    expectInvalid(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, &options), comm,
+                  {"shoal_allreduce_tensor", "struct_size is " + size, older, "SHOAL_ALLREDUCE_OPTIONS_INIT"},
+                  "allreduce options of " + size + " bytes");
+    shoal_async_options_t async = SHOAL_ASYNC_OPTIONS_INIT;
+    async.struct_size = offsetof(shoal_async_options_t, compressor) + 2;
+    shoal_request_t request = nullptr;
+    expectInvalid(shoal_iallreduce(comm, "t", &tensor, &tensor, SHOAL_SUM, &async, &request), comm,
+                  {"struct_size is " + std::to_string(async.struct_size), "SHOAL_ASYNC_OPTIONS_INIT"},
+                  "async options");
+    EXPECT_EQ(request, nullptr);
+  });
+}
+
+// A caller built against an older header gets only the fields its struct
+// has, and its struct_size stays its own: a later call with the same struct
+// must not write beyond it.
+TEST(InvalidArgument, StatsIntoAnOlderStructWriteOnlyItsFields) {
+  onOneRank([](shoal_comm_t comm) {
+    float data[4] = {1, 2, 3, 4};
+    shoal_tensor_t tensor = shoal_tensor_1d(data, 4, SHOAL_F32);
+    expectOk(shoal_allreduce_tensor(comm, &tensor, &tensor, SHOAL_SUM, nullptr), comm, "allreduce");
+    struct {
+      shoal_compress_stats_t stats;
+      unsigned char guard[sizeof(shoal_compress_stats_t)];
+    } older;
+    std::memset(&older, 0xa5, sizeof older);
+    const size_t olderSize = offsetof(shoal_compress_stats_t, input_bytes) + sizeof(uint64_t);
+    older.stats.struct_size = olderSize;
+    for (int call = 0; call < 2; ++call) {
+      ASSERT_EQ(shoal_last_compress_stats(comm, &older.stats), SHOAL_OK) << shoal_last_error(comm);
+      EXPECT_EQ(older.stats.struct_size, olderSize) << "call " << call << " changed the caller's struct_size";
+      EXPECT_EQ(older.stats.input_bytes, sizeof data);
+      const auto* bytes = reinterpret_cast<const unsigned char*>(&older.stats);
+      for (size_t i = olderSize; i < sizeof older; ++i)
+        ASSERT_EQ(bytes[i], 0xa5) << "byte " << i << " beyond the caller's struct was written (call " << call << ")";
+    }
+    shoal_compress_stats_t halfField = SHOAL_COMPRESS_STATS_INIT;
+    halfField.struct_size = olderSize - 4;
+    expectInvalid(shoal_last_compress_stats(comm, &halfField), comm,
+                  {"shoal_last_compress_stats", "struct_size", "SHOAL_COMPRESS_STATS_INIT"}, "stats mid-field");
+    expectInvalid(shoal_last_compress_stats(comm, nullptr), comm, {"stats is NULL"}, "stats NULL");
   });
 }
 
