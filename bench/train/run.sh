@@ -4,7 +4,7 @@
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
 #                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
 #                      [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
-#                      [--fidelity-from DIR] [--epochs-to-target SPEC]
+#                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]]
 #
 # With neither --fidelity nor --speed it runs both.
 #
@@ -24,7 +24,9 @@
 # sent meanwhile (<config>.wire). --bind binds each rank to its own share of the CPUs
 # (bench/train/bind.sh, as shoalrun --bind-to cores does on one host; bench/netns/run.sh leaves
 # the ranks unbound). A run that fails is recorded with its error. Needs root
-# and ip netns (bench/netns/cluster.sh); the cluster is removed on exit.
+# and ip netns (bench/netns/cluster.sh: --netns names it, default shoaltrain, --subnet gives its
+# addresses, default cluster.sh's; another cluster on the machine needs other ones); the cluster
+# is removed on exit.
 #
 # --repeats N (speed): the whole speed phase N times at each rate, the configurations of one repeat
 # run one after another (A B C ... A B C ...), each repeat with its own no-communication step;
@@ -63,6 +65,7 @@ speed_steps=20
 quick=0
 docs=1
 cluster=shoaltrain
+subnet=()
 only=""
 report_only=0
 bind=0
@@ -92,6 +95,8 @@ while (($#)); do
     --quick) quick=1; shift ;;
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
+    --netns) cluster=$2; shift 2 ;;
+    --subnet) subnet=(--subnet "$2"); shift 2 ;;
     --build) build=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -211,7 +216,7 @@ if ((speed)); then
     fi
     for rate in $rates; do
       "$repo/bench/netns/cluster.sh" down --name "$cluster" >/dev/null 2>&1
-      "$repo/bench/netns/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" > "$out/cluster-$rate.log" 2>&1 ||
+      "$repo/bench/netns/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" "${subnet[@]}" > "$out/cluster-$rate.log" 2>&1 ||
         { echo "run.sh: cluster.sh up failed: $(tail -1 "$out/cluster-$rate.log")" >&2; continue; }
       # With --repeats N, repeat k runs every task's no-communication step and every configuration
       # once, in order, before repeat k+1 starts (A B C ... A B C ...): slow and fast spells of the

@@ -6,8 +6,9 @@ allreduces, the decode, and submission to done; medians and quartiles over the s
 
 Written for the NCF task (docs/training.md, "The NCF sketch step (issue 19, seventh session)"):
 the sketch's host path records ENCODE (round 0: the scan), the bitmap's and the statistics'
-COMPRESSED_ALLREDUCE, ENCODE (round 1: the values), the values' COMPRESSED_ALLREDUCE, DECODE.
-Steps whose spans do not have that shape are left out (and counted).
+COMPRESSED_ALLREDUCE (one since the eighth session: the statistics ride in the bitmap's),
+ENCODE (round 1: the values), the values' COMPRESSED_ALLREDUCE, DECODE. Steps whose spans do not
+have that shape are left out (and counted).
 """
 import argparse
 import statistics
@@ -38,15 +39,18 @@ def main():
         for step in steps[args.skip:]:
             of = {name: [e for e in step if e["name"] == name] for name in ("QUEUE", "ENCODE", "COMPRESSED_ALLREDUCE",
                                                                           "DECODE")}
-            if not of["QUEUE"] or len(of["ENCODE"]) != 2 or len(of["COMPRESSED_ALLREDUCE"]) != 3 or not of["DECODE"]:
+            collectives = len(of["COMPRESSED_ALLREDUCE"])
+            if not of["QUEUE"] or len(of["ENCODE"]) != 2 or collectives not in (2, 3) or not of["DECODE"]:
                 odd += 1
                 continue
-            queue, (scan, values), (bitmap, stats, payload), decode = (of["QUEUE"][0], of["ENCODE"],
-                                                                       of["COMPRESSED_ALLREDUCE"], of["DECODE"][0])
+            queue, (scan, values), decode = of["QUEUE"][0], of["ENCODE"], of["DECODE"][0]
+            bitmap, *stats, payload = of["COMPRESSED_ALLREDUCE"]
             row = {"negotiation": step[0]["dur"], "start() + agreement": scan["ts"] - queue["ts"] - queue["dur"],
-                   "round 0: scan": scan["dur"], "bitmap allreduce": bitmap["dur"], "statistics allreduce": stats["dur"],
-                   "round 1: values": values["dur"], "values allreduce": payload["dur"], "decode": decode["dur"],
-                   "submission to done": decode["ts"] + decode["dur"] - step[0]["ts"]}
+                   "round 0: scan": scan["dur"], "index allreduce": bitmap["dur"]}
+            if stats:
+                row["statistics allreduce"] = stats[0]["dur"]
+            row.update({"round 1: values": values["dur"], "values allreduce": payload["dur"], "decode": decode["dur"],
+                        "submission to done": decode["ts"] + decode["dur"] - step[0]["ts"]})
             for key, value in row.items():
                 rows.setdefault(key, []).append(value)
         n = len(rows.get("decode", []))

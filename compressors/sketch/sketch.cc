@@ -4,18 +4,22 @@
 // over ranks rounded once to f32 (avg: the exact sum / n rounded once), the
 // same bits on every rank and every run.
 //
-// Round 0 (index), two payloads (three with ratio=):
+// Round 0 (index), one payload (two with ratio=):
 //   - the bitmap of this rank's nonzero coordinates (1 bit per coordinate,
 //     u64 words, each tensor starting at a word boundary), SHOAL_BOR: every
 //     rank gets the union U. Nonzero means "not +-0": Inf and NaN are members.
 //     index=bloom: a Bloom filter instead (sketch_peel.h sizes it from
 //     expected_density and the count, so every rank agrees without a round
 //     trip); U is then a superset whose extra members sum to exactly 0.
-//   - 3 u64 words per tensor, SHOAL_MAX: [top + 200, 200 - lowest, nonfinite]
-//     where top is the highest bit position (2^top <= |x|) and lowest the
-//     lowest set bit position of this rank's finite nonzero values (0 when it
-//     has none), nonfinite = 1 if it holds an Inf or a NaN. After the max every
-//     rank knows T = max top, Q = min lowest and whether any Inf/NaN exists.
+//   - after every tensor's index, in the same SHOAL_BOR payload, the
+//     statistics of each tensor: the words [top + 200, 200 - lowest,
+//     nonfinite], where top is the highest bit position (2^top <= |x|) and
+//     lowest the lowest set bit position of this rank's finite nonzero values
+//     (0 when it has none), nonfinite = 1 if it holds an Inf or a NaN, as
+//     OR-able codes whose OR is the words' MAX (thermometer codes for top and
+//     lowest: encodeStatsCodes, sketch_instance.h; 11 u64 per tensor, 13 with
+//     ratio=). After the OR every rank knows T = max top, Q = min lowest and
+//     whether any Inf/NaN exists; one exchange, not an OR and a MAX.
 //
 // Fixed point (exactness rule). Every finite nonzero f32 of every rank is
 // +-m 2^q with m odd, q >= Q, and |x| < 2^(T+1): so x 2^-Q is an integer of at
@@ -181,6 +185,7 @@ struct OpState {
   std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
   std::vector<float, UninitializedAllocator<float>> dense;  // zeroed only where a tensor needs it (encodeValues)
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
+  size_t indexWords = 0;   // bitmap = every tensor's index words, then their statistics' codes
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
   void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
   std::unique_ptr<Pipeline> pipeline;  // set when one large tensor goes in chunks (pipelineStart)
@@ -295,7 +300,6 @@ void setUpHost(const Instance& inst, shoal_compress_op_t* op, OpState* state) {
     plan.words = plan.bloom.words > 0 ? plan.bloom.words : (plan.count + 63) / 64;
     words += plan.words;
   }
-  state->bitmap.assign(words, 0);
   if (inst.ratio > 0) {
     state->statsStride = 5;
     const int L = 63 - ceilLog2(op->world_size);
@@ -320,6 +324,8 @@ void setUpHost(const Instance& inst, shoal_compress_op_t* op, OpState* state) {
     state->presized.assign(cells, 0);
   }
   state->stats.assign(state->statsStride * size_t(op->num_tensors), 0);
+  state->indexWords = words;
+  state->bitmap.assign(words + statsCodeWords(state->statsStride) * size_t(op->num_tensors), 0);
 }
 
 size_t pipelineChunk(const Instance& inst, const shoal_compress_op_t* op);
@@ -358,6 +364,11 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
   return SHOAL_OK;
 }
 
+// Tensor t's statistics' codes in the index payload (encodeStatsCodes).
+uint64_t* statsCodesOf(OpState& s, int t) {
+  return s.bitmap.data() + s.indexWords + statsCodeWords(s.statsStride) * size_t(t);
+}
+
 uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
 
 // Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
@@ -389,10 +400,13 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op) {
     w[0] = any ? uint64_t(top + 200) : 0;
     w[1] = any ? uint64_t(200 - lowest) : 0;
     w[2] = nonfinite ? 1 : 0;
+    if (plan.presized) {
+      // After the OR, w[3] = OR of the guesses and ~w[4] their AND: equal iff every rank guessed alike.
+      w[3] = scaleCode(plan);
+      w[4] = ~scaleCode(plan);
+    }
+    encodeStatsCodes(w, s.statsStride, statsCodesOf(s, t));
     if (!plan.presized) continue;
-    // After MAX, w[3] = the largest guess and ~w[4] the smallest: equal iff every rank guessed alike.
-    w[3] = scaleCode(plan);
-    w[4] = ~scaleCode(plan);
     // Values outside the guessed scale stay out: the stats reveal them and the tensor falls back.
     uint64_t* cells = s.presized.data() + plan.presizedOffset;
     const size_t stride = 3 * plan.geometry.part;
@@ -406,14 +420,13 @@ void encodeIndex(OpState& s, shoal_compress_op_t* op) {
   }
 }
 
-// Round 0's payloads: the index (OR), the statistics (MAX), in ratio mode the
-// pre-sized sketch (SUM). Returns how many.
+// Round 0's payloads: the index with the statistics' codes (OR), in ratio mode
+// the pre-sized sketch (SUM). Returns how many.
 int indexPayloads(OpState& s, shoal_payload_t* out) {
   setAllreducePayload(out[0], SHOAL_U64, SHOAL_BOR, s.bitmap.data(), s.bitmap.size());
-  setAllreducePayload(out[1], SHOAL_U64, SHOAL_MAX, s.stats.data(), s.stats.size());
-  if (s.presized.empty()) return 2;
-  setAllreducePayload(out[2], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
-  return 3;
+  if (s.presized.empty()) return 1;
+  setAllreducePayload(out[1], SHOAL_U64, SHOAL_SUM, s.presized.data(), s.presized.size());
+  return 2;
 }
 
 // The K limbs of each leftover member (limb-major, m per limb), summed next.
@@ -461,9 +474,11 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
   char why[200];
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
-    const uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
+    uint64_t* w = s.stats.data() + s.statsStride * size_t(t);
     Scale scale;
-    if (!readScale(w, op->world_size, scale, why, sizeof why)) return malformed(op, 0, t, "statistics", why);
+    if (!decodeStatsCodes(statsCodesOf(s, t), s.statsStride, w, why, sizeof why) ||
+        !readScale(w, op->world_size, scale, why, sizeof why))
+      return malformed(op, 0, t, "statistics", why);
     plan.anyFinite = scale.anyFinite;
     plan.nonfinite = scale.nonfinite;
     plan.T = scale.T;
@@ -837,7 +852,7 @@ shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op
       OpState& values = p.chunks[r - 1]->state;
       shoal_payload_t extra[SHOAL_MAX_ROUND_PAYLOADS];
       const int nv = valuePayloads(values, extra);
-      if (np + nv > SHOAL_MAX_ROUND_PAYLOADS) {  // two index payloads + one value dtype + Inf/NaN words
+      if (np + nv > SHOAL_MAX_ROUND_PAYLOADS) {  // the index payload + one value dtype + Inf/NaN words
         writeText(op->error_text, op->error_text_size, "sketch: %d payloads in pipelined round %d", np + nv, r);
         return SHOAL_ERR_INTERNAL;
       }

@@ -3,6 +3,7 @@
 // set-up. Internal to compressors/sketch.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -91,6 +92,68 @@ inline bool readScale(const uint64_t* w, int worldSize, Scale& s, char* why, siz
   return s.K <= kMaxLimbs;  // always (277 bits / 32 <= 9): kept as the peel's stack bound
 }
 
+// The host path's round 0 sends its statistics inside the index's OR
+// allreduce: one exchange with the peers instead of an OR and a MAX (each
+// ~50-200 us on the critical path of a step: docs/training.md). The MAX of a
+// statistics word becomes the OR of thermometer codes: a word w in
+// [base, base + 319] sets the lowest w - base + 1 bits of five u64 (w = 0
+// sets none), and the OR of thermometers is the thermometer of the largest
+// word. Top (base 51) and lowest (base 73) travel so; the nonfinite word (0 or
+// 1) and ratio mode's guess words (code, ~code: after the OR, w[4] == ~w[3]
+// iff every rank guessed alike, as after the MAX) travel as they are. Per
+// tensor: statsCodeWords(stride) u64 after every tensor's index words.
+// (The CUDA path keeps its separate MAX payload of the plain words.)
+constexpr size_t kThermometerWords = 5;  // 320 bits >= the 277 honest values of each word
+constexpr uint64_t kTopBase = 200 - 149, kLowestBase = 200 - 127;
+
+inline size_t statsCodeWords(size_t statsStride) { return statsStride + 2 * (kThermometerWords - 1); }
+
+// An honest word is 0 or lies in [base, base + 276] (encodeIndex derives it from f32 bits).
+inline void encodeThermometer(uint64_t value, uint64_t base, uint64_t* code) {
+  const uint64_t bits = value == 0 ? 0 : value - base + 1;
+  for (size_t i = 0; i < kThermometerWords; ++i) {
+    const uint64_t below = i * 64;
+    code[i] = bits <= below ? 0 : bits - below >= 64 ? ~uint64_t(0) : (uint64_t(1) << (bits - below)) - 1;
+  }
+}
+
+// The word a thermometer code stands for, or false when the set bits are not
+// one run from bit 0 (no OR of honest codes makes that).
+inline bool decodeThermometer(const uint64_t* code, uint64_t base, uint64_t& value) {
+  uint64_t bits = 0;
+  size_t i = 0;
+  while (i < kThermometerWords && code[i] == ~uint64_t(0)) bits += 64, ++i;
+  if (i < kThermometerWords) {
+    const int ones = std::countr_one(code[i]);
+    if ((code[i] >> ones) != 0) return false;  // (ones < 64 here)
+    bits += uint64_t(ones);
+    for (++i; i < kThermometerWords; ++i)
+      if (code[i] != 0) return false;
+  }
+  value = bits == 0 ? 0 : base + bits - 1;
+  return true;
+}
+
+// One tensor's statistics words (stride of them) into their codes.
+inline void encodeStatsCodes(const uint64_t* w, size_t stride, uint64_t* code) {
+  encodeThermometer(w[0], kTopBase, code);
+  encodeThermometer(w[1], kLowestBase, code + kThermometerWords);
+  for (size_t k = 2; k < stride; ++k) code[2 * kThermometerWords + k - 2] = w[k];
+}
+
+// The OR-ed codes back into the words readScale checks (the same words the
+// MAX of every rank's gave). False, with why[], for a code no OR of honest
+// codes makes; the words' ranges are readScale's to check.
+inline bool decodeStatsCodes(const uint64_t* code, size_t stride, uint64_t* w, char* why, size_t whySize) {
+  if (!decodeThermometer(code, kTopBase, w[0]) || !decodeThermometer(code + kThermometerWords, kLowestBase, w[1])) {
+    std::snprintf(why, whySize, "the %s word's code is not a thermometer code (one run of set bits from bit 0)",
+                  decodeThermometer(code, kTopBase, w[0]) ? "lowest" : "top");
+    return false;
+  }
+  for (size_t k = 2; k < stride; ++k) w[k] = code[2 * kThermometerWords + k - 2];
+  return true;
+}
+
 // Cells per part of a sketch sized after the index: cells_per_item per member,
 // plus 64 cells: small sketches fail to peel often at 1.3 cells per member
 // (a third to a half of the time at 10-300 members; 2% or less with the 64).
@@ -138,7 +201,9 @@ inline Mode chooseMode(Mode requested, bool sketchAllowed, size_t count, size_t 
 // as the host path (bitmap/Bloom index, compact/sketch/dense values, leftover
 // round), with payload buffers in device memory on the tensors' device and
 // every kernel on the first tensor's stream. ratio= does not apply there (the
-// sketch is sized after the index).
+// sketch is sized after the index). Round 0's statistics there are a second
+// payload (MAX of the plain words), not codes in the index (statsCodeWords):
+// not moved for want of a GPU to test it on; a call never mixes the paths.
 shoal_status_t deviceStart(const Instance& inst, shoal_compress_op_t* op, void** state);
 shoal_status_t deviceRound(const Instance& inst, void* state, shoal_compress_op_t* op, shoal_round_t* round);
 void deviceFinish(void* state);

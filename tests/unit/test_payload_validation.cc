@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -93,8 +94,27 @@ TEST(PayloadValidation, SketchHonestRunsAreExact) {
   }
 }
 
-// Round 0's payloads: [0] the OR-ed index bitmap, [1] the MAX-ed statistics
-// (top + 200, 200 - lowest, nonfinite per tensor).
+// Round 0's payload [0]: the OR-ed index bitmap (count 200: 4 words), then the
+// statistics (top + 200, 200 - lowest, nonfinite per tensor) as OR-able codes
+// (sketch_instance.h: encodeStatsCodes), [1] with ratio= the pre-sized sketch.
+using shoal::compressors::sketch_impl::decodeStatsCodes;
+using shoal::compressors::sketch_impl::encodeStatsCodes;
+using shoal::compressors::sketch_impl::kThermometerWords;
+constexpr size_t kIndexWords200 = 4;
+
+// Rewrites statistics word `index` of the delivered codes to `value` (an
+// encodable one: 0, or in the word's thermometer range), the others kept.
+void setStatistic(Delivered& d, size_t stride, size_t index, uint64_t value) {
+  uint64_t code[16], w[5];
+  const size_t words = shoal::compressors::sketch_impl::statsCodeWords(stride);
+  ASSERT_LE(words, std::size(code));
+  std::memcpy(code, d.bytes.data() + 8 * kIndexWords200, 8 * words);
+  char why[200];
+  ASSERT_TRUE(decodeStatsCodes(code, stride, w, why, sizeof why)) << why;
+  w[index] = value;
+  encodeStatsCodes(w, stride, code);
+  std::memcpy(d.bytes.data() + 8 * kIndexWords200, code, 8 * words);
+}
 TEST(PayloadValidation, SketchIndexBitsPastTheCount) {
   Lockstep run(shoal::compressors::sketch(), 2);
   auto status = runSketch(run, {{}, 200, 2}, [](Delivered& d) {
@@ -104,22 +124,31 @@ TEST(PayloadValidation, SketchIndexBitsPastTheCount) {
 }
 
 TEST(PayloadValidation, SketchStatisticsOutOfRange) {
-  // Each: (word, value) written into the statistics; all name the statistics.
-  const std::pair<int, uint64_t> corruptions[] = {
-      {0, uint64_t(1) << 40},  // a top far past 2^127: once a 424 GB allocation (K limbs per member)
-      {0, 200 + 2000},         // statistics implying more than 16 limbs
-      {1, 0},                  // top set, lowest not
-      {1, 200 - 140},          // lowest 2^140: above the f32 range
-      {2, 7},                  // nonfinite is 0 or 1
-      {0, 200 - 149},          // top 2^-149: below this rank's own values (the MAX covers every rank's)
+  // Each: a corruption of the statistics' codes; all name the statistics.
+  using Corrupt = std::function<void(Delivered&, size_t stride)>;
+  auto codeWord = [](size_t i, uint64_t w) {
+    return Corrupt([=](Delivered& d, size_t) { setWord(d, kIndexWords200 + i, w); });
   };
-  for (const auto& corruption : corruptions) {
-    const int index = corruption.first;
-    const uint64_t value = corruption.second;
+  auto statistic = [](size_t index, uint64_t value) {
+    return Corrupt([=](Delivered& d, size_t stride) { setStatistic(d, stride, index, value); });
+  };
+  const Corrupt corruptions[] = {
+      Corrupt([](Delivered& d, size_t) {  // every bit of the top code: 2^170, past 2^127 (once a 424 GB allocation)
+        for (size_t i = 0; i < kThermometerWords; ++i) setWord(d, kIndexWords200 + i, ~uint64_t(0));
+      }),
+      codeWord(1, 1),                                 // a top code with a gap: no OR of honest codes
+      codeWord(kThermometerWords + 2, 8),             // a lowest code with a gap
+      statistic(1, 0),                                // top set, lowest not
+      statistic(1, 200 + 149 + 20),                   // lowest 2^-169: below the f32 range
+      codeWord(2 * kThermometerWords, 7),             // nonfinite is 0 or 1
+      statistic(0, 200 - 149),                        // top 2^-149: below this rank's own values (the OR covers every rank's)
+  };
+  for (const Corrupt& corrupt : corruptions) {
     for (const Options& options : {Options{}, Options{{"values", "sketch"}}, Options{{"ratio", "2"}}}) {
+      const size_t stride = options.empty() || options[0].first != "ratio" ? 3 : 5;
       Lockstep run(shoal::compressors::sketch(), 2);
       auto status = runSketch(run, {options, 200, 2}, [&](Delivered& d) {
-        if (d.round == 0 && d.payload == 1) setWord(d, size_t(index), value);
+        if (d.round == 0 && d.payload == 0) corrupt(d, stride);
       });
       expectRefusedEverywhere(run, status, "sketch", "statistics");
     }
@@ -129,9 +158,9 @@ TEST(PayloadValidation, SketchStatisticsOutOfRange) {
 TEST(PayloadValidation, SketchLowestAboveTop) {
   Lockstep run(shoal::compressors::sketch(), 2);
   auto status = runSketch(run, {{}, 200, 2}, [](Delivered& d) {
-    if (d.round == 0 && d.payload == 1) {
-      setWord(d, 0, 200 + 3);    // top 2^3
-      setWord(d, 1, 200 - 100);  // lowest 2^100
+    if (d.round == 0 && d.payload == 0) {
+      setStatistic(d, 3, 0, 200 + 3);    // top 2^3
+      setStatistic(d, 3, 1, 200 - 100);  // lowest 2^100
     }
   });
   expectRefusedEverywhere(run, status, "sketch", "above the top bit");
@@ -140,8 +169,8 @@ TEST(PayloadValidation, SketchLowestAboveTop) {
 TEST(PayloadValidation, SketchUnionWithoutValues) {
   Lockstep run(shoal::compressors::sketch(), 2);
   auto status = runSketch(run, {{}, 200, 2}, [](Delivered& d) {
-    if (d.round == 0 && d.payload == 1)
-      for (int w = 0; w < 3; ++w) setWord(d, size_t(w), 0);
+    if (d.round == 0 && d.payload == 0)
+      for (int w = 0; w < 3; ++w) setStatistic(d, 3, size_t(w), 0);
   });
   // This rank's values are not covered by a scale that says no rank has any.
   expectRefusedEverywhere(run, status, "sketch", "statistics");
@@ -169,7 +198,9 @@ TEST(PayloadValidation, SketchBloomIndexAllOnesDecodesOrRefuses) {
   const SketchCase c{{{"index", "bloom"}, {"expected_density", "0.01"}}, 3000, 2};
   Lockstep run(shoal::compressors::sketch(), 2);
   auto status = runSketch(run, c, [](Delivered& d) {
-    if (d.round == 0 && d.payload == 0) std::memset(d.bytes.data(), 0xff, d.bytes.size());
+    // The filter's words, not the statistics' codes after them.
+    if (d.round == 0 && d.payload == 0)
+      std::memset(d.bytes.data(), 0xff, d.bytes.size() - 8 * shoal::compressors::sketch_impl::statsCodeWords(3));
   });
   ASSERT_EQ(status, SHOAL_OK) << run.error(run.failedRank());
   std::vector<float> a(c.count), x(c.count);

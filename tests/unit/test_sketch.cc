@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
 #include "harness/compressor_rounds.h"
@@ -45,6 +46,9 @@ uint32_t bitsOf(float f) {
 }
 
 using Gen = std::function<float(int rank, size_t i)>;
+
+// Round 0's statistics of one tensor: OR-able codes in the index payload (sketch_instance.h).
+const size_t kStatsBytes = 8 * shoal::compressors::sketch_impl::statsCodeWords(3);
 
 enum class Overlap { Identical, Disjoint, Independent };
 
@@ -211,7 +215,7 @@ TEST(Sketch, QuarterValuesDenseAndAvgAnyRankCount) {
       for (const char* mode : kModes) {
         Result r = check(n, count, gen, mode, op, expected, std::to_string(n) + " ranks quarter " + mode);
         if (std::string(mode) == "values=dense" || std::string(mode) == "values=auto") {
-          EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + 24 + count * 4) << mode;  // index + dense f32
+          EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + kStatsBytes + count * 4) << mode;  // index + dense f32
         }
       }
     }
@@ -427,15 +431,15 @@ TEST(Sketch, BloomFalsePositivesDecodeToExactZeros) {
   Result r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.0001", SHOAL_SUM, expected, "bloom fp");
   const shoal::sketch::BloomGeometry b = shoal::sketch::bloomGeometry(count, 0.0001, 0);
   ASSERT_GT(b.words, 0u);
-  // payload = filter + 3 stats words + one limb (values here need one) per member.
-  const size_t members = (r.stats.payload_bytes - 8 * b.words - 24) / 8;
+  // payload = filter + the stats' codes + one limb (values here need one) per member.
+  const size_t members = (r.stats.payload_bytes - 8 * b.words - kStatsBytes) / 8;
   EXPECT_GT(members, unionSize + 1000) << "expected many false positives";
   EXPECT_LT(b.words * 64, count / 10) << "the filter should be far smaller than the bitmap";
   // Sized right, the filter costs < 1/5 of the bitmap and adds few members.
   r = check(n, count, gen, "values=compact,index=bloom,expected_density=0.03", SHOAL_SUM, expected, "bloom sized");
   const shoal::sketch::BloomGeometry sized = shoal::sketch::bloomGeometry(count, 0.03, 0);
   ASSERT_GT(sized.words, 0u);
-  const size_t sizedMembers = (r.stats.payload_bytes - 8 * sized.words - 24) / 8;
+  const size_t sizedMembers = (r.stats.payload_bytes - 8 * sized.words - kStatsBytes) / 8;
   EXPECT_GE(sizedMembers, unionSize);
   EXPECT_LT(sizedMembers, unionSize + unionSize / 5);
 }
@@ -486,6 +490,71 @@ TEST(Sketch, TableDeclaresExactLossless) {
   EXPECT_TRUE(table->caps & SHOAL_CAP_LOSSLESS);
   EXPECT_TRUE(table->caps & SHOAL_CAP_HOMOMORPHIC);
   EXPECT_EQ(table->dtypes, 1u << SHOAL_F32);
+}
+
+// Round 0 is one exchange with the peers: the statistics travel in the index's
+// OR allreduce (before: a second, MAX, allreduce of 24 bytes a tensor), a second
+// payload only for ratio='s pre-sized sketch; in the pipelined path one index
+// payload a chunk.
+TEST(Sketch, RoundZeroIsOneExchange) {
+  struct Case {
+    const char* options;
+    size_t count;
+    int payloads;
+  };
+  for (const Case& c : {Case{"values=auto", 5000, 1}, Case{"index=bloom", 5000, 1}, Case{"ratio=20", 5000, 2},
+                        Case{"chunk=64", 1000, 1}}) {
+    CompressorRounds run(shoal::compressors::sketch(), 2);
+    ASSERT_EQ(run.create(shoal::test::optionPairs(c.options)), SHOAL_OK) << run.error(0);
+    std::vector<int> roundZero(2, -1);
+    run.observe([&](int rank, const shoal_round_t& round) {
+      if (round.index == 0 && !round.done) roundZero[rank] = round.num_payloads;
+      for (int p = 0; p < (round.done ? 0 : round.num_payloads); ++p)
+        if (round.payloads[p].op == SHOAL_MAX) ADD_FAILURE() << c.options << ": a MAX payload in round " << round.index;
+    });
+    auto fill = [&](int r, int, void* data) {
+      auto* x = static_cast<float*>(data);
+      for (size_t i = 0; i < c.count; ++i) x[i] = (i + size_t(r)) % 5 == 0 ? float(int(i % 9) - 4 + r) * 0.5f : 0.0f;
+    };
+    ASSERT_EQ(run.start({{SHOAL_F32, {int64_t(c.count)}, ""}}, SHOAL_SUM, 0, fill), SHOAL_OK) << run.error(0);
+    ASSERT_EQ(run.run(nullptr, 16), SHOAL_OK) << run.error(run.failedRank());
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(roundZero[r], c.payloads) << c.options << ", rank " << r;
+  }
+}
+
+// The statistics' codes: the OR of any ranks' codes decodes to the MAX of their
+// words, for every pair of honest words; a code with a gap is refused.
+TEST(Sketch, StatisticsCodesOrToTheMax) {
+  using namespace shoal::compressors::sketch_impl;
+  const size_t words = statsCodeWords(3);
+  auto codeOf = [&](uint64_t top, uint64_t lowest, uint64_t nonfinite) {
+    const uint64_t w[3] = {top, lowest, nonfinite};
+    std::vector<uint64_t> code(words);
+    encodeStatsCodes(w, 3, code.data());
+    return code;
+  };
+  std::vector<uint64_t> tops = {0}, lowests = {0};
+  for (int e = -149; e <= 127; ++e) tops.push_back(uint64_t(e + 200)), lowests.push_back(uint64_t(200 - e));
+  char why[200];
+  for (size_t a = 0; a < tops.size(); ++a)
+    for (size_t b = 0; b < tops.size(); ++b) {
+      std::vector<uint64_t> x = codeOf(tops[a], lowests[b], a % 2), y = codeOf(tops[b], lowests[a], b % 3 == 0);
+      for (size_t i = 0; i < words; ++i) x[i] |= y[i];
+      uint64_t w[3];
+      ASSERT_TRUE(decodeStatsCodes(x.data(), 3, w, why, sizeof why)) << why;
+      ASSERT_EQ(w[0], std::max(tops[a], tops[b]));
+      ASSERT_EQ(w[1], std::max(lowests[a], lowests[b]));
+      ASSERT_EQ(w[2], uint64_t(a % 2 || b % 3 == 0));
+    }
+  std::vector<uint64_t> gap = codeOf(200 + 100, 200, 0);
+  gap[0] &= ~uint64_t(4);  // bit 2 cleared below set bits
+  uint64_t w[3];
+  EXPECT_FALSE(decodeStatsCodes(gap.data(), 3, w, why, sizeof why));
+  EXPECT_NE(std::string(why).find("top"), std::string::npos) << why;
+  std::vector<uint64_t> stray = codeOf(200, 200 + 3, 0);
+  stray[2 * kThermometerWords - 1] |= uint64_t(1) << 63;  // a bit far above the lowest word's run
+  EXPECT_FALSE(decodeStatsCodes(stray.data(), 3, w, why, sizeof why));
+  EXPECT_NE(std::string(why).find("lowest"), std::string::npos) << why;
 }
 
 // The table driven directly, n ranks simulated in lockstep (harness/compressor_rounds.h:
@@ -803,7 +872,7 @@ TEST(SketchFloatCells, ExactAndHalfTheCellBytesWhenProvable) {
                     &c.i64);
       }
     });
-    const size_t index = (count + 63) / 64 * 8 + 24;
+    const size_t index = (count + 63) / 64 * 8 + kStatsBytes;
     for (const Case& c : cases) EXPECT_EQ(c.f32.payload_bytes - index, (c.i64.payload_bytes - index) / 2) << c.what;
   }
 }
@@ -867,7 +936,7 @@ TEST(SketchCompact, SendsF32ValuesWhenTheirSumsAreExact) {
     }
     for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
       Result r = check(n, count, gen, "values=compact", op, reference(gen, n, count, op), onGrid ? "grid" : "wide");
-      EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + 24 + (onGrid ? 4 : 8) * u) << (onGrid ? "grid" : "wide");
+      EXPECT_EQ(r.stats.payload_bytes, (count + 63) / 64 * 8 + kStatsBytes + (onGrid ? 4 : 8) * u) << (onGrid ? "grid" : "wide");
     }
   }
 }
@@ -978,7 +1047,8 @@ TEST(SketchChunks, CorruptedChunkPayloadsRefusedOnEveryRank) {
        [&](shoal::test::Delivered& d) {
          if (d.round == kChunks - 1 && d.payload == 0) setWord(d, 1, word(d, 1) | (uint64_t(1) << 63));
        }},
-      {"statistics", [&](shoal::test::Delivered& d) { if (d.round == 3 && d.payload == 1) setWord(d, 2, 7); }},
+      // A chunk of 128 elements: two index words, then the statistics' codes (nonfinite: the 11th).
+      {"statistics", [&](shoal::test::Delivered& d) { if (d.round == 3 && d.payload == 0) setWord(d, 2 + 10, 7); }},
       {"the union lacks", [&](shoal::test::Delivered& d) { if (d.round == 4 && d.payload == 0) setWord(d, 0, 0); }},
   };
   for (const Corruption& c : corruptions) {
@@ -1078,7 +1148,8 @@ TEST(SketchInPlace, EmptyUnionBesideThisRanksValuesRefused) {
   ASSERT_EQ(run.create({}), SHOAL_OK) << run.error(0);
   ASSERT_EQ(run.start({{SHOAL_F32, {int64_t(count)}, ""}}, SHOAL_SUM, 0, fill), SHOAL_OK) << run.error(0);
   const shoal_status_t status = run.run([](shoal::test::Delivered& d) {
-    if (d.round == 0 && d.payload == 0) std::fill(d.bytes.begin(), d.bytes.end(), uint8_t(0));
+    // The index's words, not the statistics' codes after them.
+    if (d.round == 0 && d.payload == 0) std::fill(d.bytes.begin(), d.bytes.end() - kStatsBytes, uint8_t(0));
   });
   EXPECT_EQ(status, SHOAL_ERR_INTERNAL);
   for (int r = 0; r < n; ++r) {

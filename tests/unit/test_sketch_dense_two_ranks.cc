@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/sketch/sketch_instance.h"
 #include "harness/dtype_model.h"
 #include "harness/harness.h"
 #include "shoal/shoal.h"
@@ -76,7 +77,8 @@ Outcome run(int n, size_t count, shoal_op_t op, const std::string& options, floa
 
 TEST(SketchDense, TwoRanksSendF32ValuesExactly) {
   const size_t count = 100003;
-  const size_t indexAndStats = (count + 63) / 64 * 8 + 24;
+  // The index, then the statistics' codes (sketch_instance.h).
+  const size_t indexAndStats = (count + 63) / 64 * 8 + 8 * shoal::compressors::sketch_impl::statsCodeWords(3);
   for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
     std::vector<float> expected(count);
     for (size_t i = 0; i < count; ++i) {
