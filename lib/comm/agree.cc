@@ -194,15 +194,6 @@ Agreement agree(shoal_comm& comm, uint64_t sequence, std::string_view descriptio
   return agreement;
 }
 
-Agreement agreeBeforeData(shoal_comm& comm, uint64_t sequence, Described described, std::string_view description,
-                          shoal_status_t refusal, std::string_view why) {
-  if (described == Described::ByThisCall) return agree(comm, sequence, description, refusal);
-  if (refusal != SHOAL_OK) failCommunicator(comm, std::string(why), refusal);
-  Agreement agreement;
-  agreement.refusal = refusal;
-  return agreement;
-}
-
 // Called by the transport (transport.h) when a message's signature differs.
 std::string describeSignatureMismatch(int rank, int peer, uint32_t mine, uint32_t theirs) {
   std::string differs;

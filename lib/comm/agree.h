@@ -144,22 +144,6 @@ struct Agreement {
 Agreement agree(shoal_comm& comm, uint64_t sequence, std::string_view description,
                 shoal_status_t refusal = SHOAL_OK);
 
-// Who agreed a call's description before its data moves: the call itself
-// (one agree() round), or the async runtime's negotiation, which agrees every
-// request's name, dtype, shape, op, compressor and options, from which every
-// rank plans the same groups in the same order (lib/runtime/fusion.cc).
-enum class Described : uint8_t { ByThisCall, ByNegotiation };
-
-// The agreement before a call's data moves. ByThisCall: agree(). ByNegotiation:
-// no round (on the critical path of every compressed step: docs/training.md);
-// what the round would still carry is a refusal on one rank (a compressor's
-// start()), which then fails the communicator with `why` at once: every peer
-// fails at its first message of the call with that text, never a hang or a
-// partial result, and the communicator is gone, as after any failure inside a
-// call. Returns this rank's own refusal there; `why` is read only with one.
-Agreement agreeBeforeData(shoal_comm& comm, uint64_t sequence, Described described, std::string_view description,
-                          shoal_status_t refusal, std::string_view why);
-
 // "f32" style names (shoal_dtype_name / shoal_op_name with a fallback).
 std::string dtypeText(int dtype);
 std::string opText(int op);

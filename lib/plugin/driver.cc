@@ -131,13 +131,11 @@ uint64_t bytesSentSoFar(const shoal_comm& comm) {
 // Every rank must run the same compressor, options and shapes, and every
 // rank's start() must have accepted the call: one small max-allreduce of
 // {hash, ~hash, refusal} tells every rank about a disagreement or a refusal
-// anywhere, before any payload moves, so the communicator stays usable. A
-// call the async runtime negotiated skips it: a refusal then fails the
-// communicator with `why` (agreeBeforeData, comm/agree.h).
+// anywhere, before any payload moves, so the communicator stays usable.
 // Returns the largest refusal code seen (0 = every rank accepted).
-uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, Described described, const std::string& description,
-                              shoal_status_t localStatus, std::string_view why) {
-  Agreement agreement = agreeBeforeData(comm, sequence, described, description, localStatus, why);
+uint64_t agreeAndShareRefusal(shoal_comm& comm, uint64_t sequence, const std::string& description,
+                              shoal_status_t localStatus) {
+  Agreement agreement = agree(comm, sequence, description, localStatus);
   if (!agreement.same)
     fail(SHOAL_ERR_MISMATCH,
          "ranks disagree on the compressed allreduce (this rank: {}): every rank must use the same compressor, "
@@ -190,14 +188,13 @@ void runRounds(shoal_comm& comm, CompressorInstance& instance, shoal_compress_op
 
 // route.refusal != OK: this rank cannot run the call on its tensors' memory;
 // start() is skipped and the refusal reaches every rank through the agreement.
-// The agreement round (number `sequence`; none where `described` says the
-// async runtime agreed the call: agreeBeforeData) is over the whole communicator; the
+// The agreement round (number `sequence`) is over the whole communicator; the
 // rounds' payload collectives are over `group` where one is given (the
 // hierarchical compressed allreduce's cross-host ranks: the compressor then
 // sees their rank and number), else over the whole communicator too.
 void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& instance,
-                   std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, Described described,
-                   const std::string& agreement, CompressStats& stats, const MemoryRoute& route,
+                   std::vector<shoal_compress_tensor_t>& tensors, shoal_op_t op, const std::string& agreement,
+                   CompressStats& stats, const MemoryRoute& route,
                    const plugin::RoundObserver* observer = nullptr, Transport* group = nullptr) {
   const shoal_compressor_t& table = instance.table();
   char errorText[512] = {};
@@ -215,17 +212,9 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   void* opState = nullptr;
   shoal_status_t startStatus =
       route.refusal != SHOAL_OK ? route.refusal : table.start(instance.handle(), &operation, &opState);
-  // What this rank's refusal says (to every peer, where no agreement round carries the refusal).
-  auto refusalText = [&] {
-    return fmt::format("compressor {} refused the call on rank {}: {}", table.name, comm.rank,
-                       errorText[0] ? errorText : shoal_status_string(startStatus));
-  };
   uint64_t refusal = 0;
   try {
-    refusal = agreeAndShareRefusal(comm, sequence, described, agreement, startStatus,
-                                   route.refusal != SHOAL_OK ? route.why
-                                   : startStatus != SHOAL_OK ? refusalText()
-                                                             : std::string());
+    refusal = agreeAndShareRefusal(comm, sequence, agreement, startStatus);
   } catch (...) {
     if (startStatus == SHOAL_OK) table.finish(instance.handle(), opState);
     throw;
@@ -482,8 +471,8 @@ void runHierarchicalCompressed(shoal_comm& comm, uint64_t sequence, CompressorIn
       if (state && table.destroy_tensor_state) table.destroy_tensor_state(instance.handle(), state);
   };
   try {
-    runCompressed(comm, takeSequence(comm), instance, shards, SHOAL_SUM, Described::ByThisCall, agreement, stats,
-                  MemoryRoute(), observer, &legs.acrossHosts());
+    runCompressed(comm, takeSequence(comm), instance, shards, SHOAL_SUM, agreement, stats, MemoryRoute(), observer,
+                  &legs.acrossHosts());
   } catch (...) {
     releaseScratch();
     throw;
@@ -679,7 +668,7 @@ bool plainByDefault(const shoal_comm& comm, const shoal_allreduce_options_t* opt
       runHierarchicalCompressed(comm, sequence, *instance, tensors,
                                 agreement + acrossHostsWords(instance->table(), tensors), op, stats, nullptr);
     else
-      runCompressed(comm, sequence, *instance, tensors, op, Described::ByThisCall, agreement, stats, route);
+      runCompressed(comm, sequence, *instance, tensors, op, agreement, stats, route);
     noteIneffectiveCompression(comm, instance->table(), tensors, stats);
   } catch (...) {
     if (scratchState && instance->table().destroy_tensor_state)
@@ -714,28 +703,23 @@ void allreduceCompressedGroup(shoal_comm& comm, uint64_t sequence, const std::st
   const shoal_compressor_t& table = instance.table();
   CompressStats stats;
   stats.compressor = compressor;
-  for (shoal_compress_tensor_t& tensor : tensors)
+  std::string agreement = fmt::format("{}|{}|{}|{}|", compressor, options, static_cast<int>(op), tensors.size());
+  for (shoal_compress_tensor_t& tensor : tensors) {
     stats.inputBytes += plugin::elementsCount(tensor.input) * dtypeSize(tensor.input.dtype);
+    agreement += fmt::format("{}|{}|", static_cast<int>(tensor.input.dtype), tensor.name ? tensor.name : "");
+    for (int d = 0; d < tensor.input.ndim; ++d) agreement += fmt::format("{},", tensor.input.shape[d]);
+  }
   // A fused group takes the path a blocking allreduce of the group's size
   // would, as the runtime's uncompressed groups do: across hosts, each
   // tensor's state kept per (tensor, shard) as in the blocking call, so a
   // tensor's state does not depend on which tensors share its group.
   if (runsAcrossHosts(comm, table, tensors, stats.inputBytes)) {
-    // It keeps its agreement round (the refusal of a shard's start() on one
-    // rank: not moved to agreeBeforeData, its rounds run over a sub-group).
-    std::string agreement = fmt::format("{}|{}|{}|{}|", compressor, options, static_cast<int>(op), tensors.size());
-    for (const shoal_compress_tensor_t& tensor : tensors) {
-      agreement += fmt::format("{}|{}|", static_cast<int>(tensor.input.dtype), tensor.name ? tensor.name : "");
-      for (int d = 0; d < tensor.input.ndim; ++d) agreement += fmt::format("{},", tensor.input.shape[d]);
-    }
     runHierarchicalCompressed(comm, sequence, instance, tensors, agreement + acrossHostsWords(table, tensors), op,
                               stats, observer);
   } else {
     for (shoal_compress_tensor_t& tensor : tensors) tensor.state = instance.stateOf(tensor.name ? tensor.name : "");
     const MemoryRoute hostRoute;  // the async runtime submits host tensors only
-    // The negotiation agreed every member's name, dtype, shape, op, compressor
-    // and options, and every rank planned the same group: no agreement round.
-    runCompressed(comm, sequence, instance, tensors, op, Described::ByNegotiation, "", stats, hostRoute, observer);
+    runCompressed(comm, sequence, instance, tensors, op, agreement, stats, hostRoute, observer);
   }
   noteIneffectiveCompression(comm, table, tensors, stats);
   comm.lastStats = stats;

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -441,42 +440,6 @@ TEST(Async, FinalizeOnOneRankFailsThePeersPendingRequests) {
     // Later requests fail at once, with the reason.
     EXPECT_EQ(shoal_iallreduce(comm, "later", &t, &t, SHOAL_SUM, nullptr, &request), SHOAL_ERR_REMOTE);
     EXPECT_NE(std::string(shoal_last_error(comm)).find("finalized"), std::string::npos) << shoal_last_error(comm);
-  });
-}
-
-// A compressed request the negotiation agreed runs without an agreement round
-// (comm/agree.h, agreeBeforeData). A compressor's start() that refuses on one
-// rank only (topk's error feedback with a residual of the wrong size loaded on
-// rank 1) still fails the request on every rank, within the deadline, and the
-// peers' text now carries the refusing rank's reason (before: "refused the
-// call on another rank ... that rank's error says why"). The communicator is
-// gone after it, as after any failure inside a call.
-TEST(Async, ACompressorRefusingOnOneRankFailsEveryRankWithItsReason) {
-  constexpr int kRanks = 2;
-  runRanks(kRanks, [&](int rank, shoal_comm_t comm) {
-    const char* options = "k=2,ef=1";
-    const uint8_t wrongSize[12] = {};
-    if (rank == 1)
-      ASSERT_TRUE(callOk(shoal_compressor_state_load(comm, "topk", options, "w.refused", wrongSize, sizeof wrongSize),
-                         comm, "state load"));
-    std::vector<float> x(16, 1.0f + static_cast<float>(rank));
-    shoal_tensor_t t = tensorOf(x.data(), SHOAL_F32, {16});
-    shoal_async_options_t async = SHOAL_ASYNC_OPTIONS_INIT;
-    async.compressor = "topk";
-    async.compressor_options = options;
-    async.compress_min_bytes = 0;
-    shoal_request_t request = nullptr;
-    ASSERT_TRUE(callOk(shoal_iallreduce(comm, "w.refused", &t, &t, SHOAL_SUM, &async, &request), comm, "submit"));
-    const auto begin = std::chrono::steady_clock::now();
-    const shoal_status_t status = shoal_wait(request, kWaitS);
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    EXPECT_NE(status, SHOAL_OK) << "rank " << rank;
-    EXPECT_LT(waited, kWaitS / 2) << "rank " << rank << " waited for its deadline";
-    const std::string text = shoal_request_error(request);
-    EXPECT_NE(text.find("'w.refused'"), std::string::npos) << "rank " << rank << ": " << text;
-    EXPECT_NE(text.find("holds 12 bytes"), std::string::npos) << "rank " << rank << ": " << text;
-    if (rank == 0) EXPECT_NE(text.find("on rank 1"), std::string::npos) << text;
-    shoal_request_free(request);
   });
 }
 
