@@ -50,6 +50,23 @@ Share shareOf(int rank, int size, size_t n, size_t unit) {
   return {begin, end - begin};
 }
 
+// One round: every rank reduces every slot, elements [first, first + n) of a call of `count`.
+inline void reduceAllSlots(Context& context, SharedSegment& shm, const uint8_t* in, uint8_t* out, size_t count,
+                           size_t first, size_t n, const Reducer& reducer) {
+  const size_t element = reducer.elementSize();
+  uint8_t* piece = out + first * element;
+  // The input goes straight into this rank's slot: out of place there is
+  // no copy into recv first (every rank reduces from the slots).
+  shm.exchange({context.tagBase, count, first, "allreduce"}, in + first * element, n * element, context.transport,
+               context.deadline);
+  if (context.size == 1) {
+    if (piece != in + first * element) std::memcpy(piece, in + first * element, n * element);
+    return;
+  }
+  reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
+  for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
+}
+
 // The reduce-scatter form of a piece (elements [first, first + n) of a call
 // of `count`): two rounds. Not inlined: a small call's path stays as short as it was.
 [[gnu::noinline]] void reduceScatterPiece(Context& context, SharedSegment& shm, const uint8_t* in, uint8_t* out,
@@ -80,32 +97,38 @@ Share shareOf(int rank, int size, size_t n, size_t unit) {
 
 bool allreduceShmScatters(size_t pieceBytes, int size) { return size >= 3 && pieceBytes >= kScatterMinBytes; }
 
+namespace {
+
+// A call whose first piece takes the reduce-scatter form, piece by piece (a
+// short last piece takes one round). Not inlined, like the form itself.
+[[gnu::noinline]] void allreduceScatteredPieces(Context& context, SharedSegment& shm, const uint8_t* in, uint8_t* out,
+                                                size_t count, const Reducer& reducer) {
+  const size_t element = reducer.elementSize();
+  const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
+  for (size_t first = 0; first < count; first += perRound) {
+    const size_t n = std::min(perRound, count - first);
+    if (allreduceShmScatters(n * element, context.size))
+      reduceScatterPiece(context, shm, in, out, count, first, n, reducer);
+    else
+      reduceAllSlots(context, shm, in, out, count, first, n, reducer);
+  }
+}
+
+}  // namespace
+
 void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer) {
   SharedSegment& shm = segmentOf(context);
   const size_t element = reducer.elementSize();
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  // One round: elements [first, first + n).
-  auto round = [&](size_t first, size_t n) {
-    if (allreduceShmScatters(n * element, context.size))
-      return reduceScatterPiece(context, shm, in, out, count, first, n, reducer);
-    uint8_t* piece = out + first * element;
-    // The input goes straight into this rank's slot: out of place there is
-    // no copy into recv first (every rank reduces from the slots).
-    shm.exchange({context.tagBase, count, first, "allreduce"}, in + first * element, n * element,
-                 context.transport, context.deadline);
-    if (context.size == 1) {
-      if (piece != in + first * element) std::memcpy(piece, in + first * element, n * element);
-      return;
-    }
-    reducer.combineInto(piece, shm.peerData(0), shm.peerData(1), n);
-    for (int r = 2; r < context.size; ++r) reducer.combine(piece, shm.peerData(r), n);
-  };
-  if (count * element <= shm.slotBytes()) {  // the call fits the slot: one round, no division
-    if (count > 0) round(0, count);
+  if (allreduceShmScatters(std::min(count * element, shm.slotBytes()), context.size)) {
+    allreduceScatteredPieces(context, shm, in, out, count, reducer);
+  } else if (count * element <= shm.slotBytes()) {  // the call fits the slot: one round, no division
+    if (count > 0) reduceAllSlots(context, shm, in, out, count, 0, count, reducer);
   } else {
     const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
-    for (size_t first = 0; first < count; first += perRound) round(first, std::min(perRound, count - first));
+    for (size_t first = 0; first < count; first += perRound)
+      reduceAllSlots(context, shm, in, out, count, first, std::min(perRound, count - first), reducer);
   }
   reducer.finish(recv, count, context.size);
   context.sharedSegmentOnly = count > 0;

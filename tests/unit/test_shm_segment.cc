@@ -65,7 +65,8 @@ void expectRankOrderBitsOnEveryRank(int size, size_t count, shoal_dtype_t dtype)
         << shoal_last_error(comm);
     ASSERT_EQ(shoal_allreduce(comm, inPlace.data(), inPlace.data(), count, dtype, SHOAL_SUM), SHOAL_OK)
         << shoal_last_error(comm);
-    EXPECT_EQ(std::memcmp(recv.data(), inPlace.data(), count * sizeof(T)), 0) << "rank " << rank << ": in place differs";
+    EXPECT_EQ(std::memcmp(recv.data(), inPlace.data(), count * sizeof(T)), 0)
+        << "rank " << rank << ": in place differs";
     results[rank] = std::move(recv);
   }, {"shm", 60});
   for (int rank = 0; rank < size; ++rank) {

@@ -96,9 +96,14 @@ class SharedSegment {
 
  private:
   SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes, std::vector<long> pids);
-  // Publishes this rank's header of the next round (its data is in place) and waits for every peer's.
-  // Inlined into both callers: a small call's exchange() pays no second call.
-  [[gnu::always_inline]] inline void publishAndWait(const Round& round, size_t bytes, Transport& transport, const CallDeadline& deadline);
+  // Publishes this rank's header of the next round in `mine` (its slot of that round, the data in
+  // place) and waits for every peer's. Inlined into both callers: a small call pays no second call.
+  [[gnu::always_inline]] inline void publishAndWait(const Round& round, size_t bytes, uint8_t* mine,
+                                                    Transport& transport, const CallDeadline& deadline);
+  // Throws the first failure's error when this rank gave up (a later call on an aborted segment).
+  void failIfAborted() {
+    if (aborted_) checkNotAborted();
+  }
   void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, const CallDeadline& deadline);
   [[noreturn]] void failFromAbortWord(uint64_t word);
   // A peer's slot header (theirHeader) that differs from this round: MISMATCH
