@@ -35,6 +35,8 @@ void allreduceHierarchical(Context& context, void* recv, size_t count, const Red
 void allreduceShm(Context& context, void* recv, size_t count, const Reducer& reducer);
 // The same reading `send` into the segment directly (no copy into recv first).
 void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size_t count, const Reducer& reducer);
+// Whether a piece of this many bytes runs as a reduce-scatter in the segment (two rounds) at `size` ranks.
+bool allreduceShmScatters(size_t pieceBytes, int size);
 
 struct AllreduceAlgorithm {
   const char* name;

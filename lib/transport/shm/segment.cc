@@ -372,26 +372,12 @@ void SharedSegment::failRound(const Round& round, size_t bytes, int peer, const 
                           round.what, rank_, round.tag, peer, theirs->tag));
 }
 
-void SharedSegment::exchange(const Round& round, const void* data, size_t bytes, Transport& transport,
-                             const CallDeadline& deadline) {
-  if (aborted_) {
-    uint64_t word = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord).load(std::memory_order_acquire);
-    if (word != 0) failFromAbortWord(word);
-  }
-  if (bytes > slotBytes_)
-    fail(SHOAL_ERR_INTERNAL, "shared-memory round of {} bytes exceeds the slot's {}", bytes, slotBytes_);
+void SharedSegment::publishAndWait(const Round& round, size_t bytes, uint8_t* mine, Transport& transport,
+                                   const CallDeadline& deadline) {
   const uint64_t number = ++rounds_;
   const auto published = static_cast<uint32_t>(number);
   const int parity = static_cast<int>(number & 1);
-  uint8_t* mine = slot(rank_, parity);
   auto* header = reinterpret_cast<SlotHeader*>(mine);
-  // The data right behind the header: up to kInlineBytes of it in the
-  // header's line, which the number's release-store publishes with it.
-  if (data != nullptr) {
-    if (bytes <= kInlineBytes) copyInline(mine + kHeaderBytes, static_cast<const uint8_t*>(data), bytes);
-    else std::memcpy(mine + kHeaderBytes, data, bytes);
-    bytesPublished_ += bytes;
-  }
   header->bytes = static_cast<uint32_t>(bytes);
   header->tag = round.tag;
   header->count = round.count;
@@ -415,6 +401,33 @@ void SharedSegment::exchange(const Round& round, const void* data, size_t bytes,
     abort(error.what(), error.status());
     throw;
   }
+}
+
+void SharedSegment::exchange(const Round& round, const void* data, size_t bytes, Transport& transport,
+                             const CallDeadline& deadline) {
+  failIfAborted();
+  if (bytes > slotBytes_)
+    fail(SHOAL_ERR_INTERNAL, "shared-memory round of {} bytes exceeds the slot's {}", bytes, slotBytes_);
+  // The slot is found before the copy: the copy's stores may alias any member to the compiler.
+  uint8_t* mine = slot(rank_, static_cast<int>((rounds_ + 1) & 1));
+  // The data right behind the header: up to kInlineBytes of it in the
+  // header's line, which the number's release-store publishes with it.
+  if (data != nullptr) {
+    if (bytes <= kInlineBytes) copyInline(mine + kHeaderBytes, static_cast<const uint8_t*>(data), bytes);
+    else std::memcpy(mine + kHeaderBytes, data, bytes);
+    bytesPublished_ += bytes;
+  }
+  publishAndWait(round, bytes, mine, transport, deadline);
+}
+
+void SharedSegment::exchangeWritten(const Round& round, size_t bytes, size_t written, Transport& transport,
+                                    const CallDeadline& deadline) {
+  failIfAborted();
+  if (bytes > slotBytes_ || written > bytes)
+    fail(SHOAL_ERR_INTERNAL, "shared-memory round of {} bytes ({} written) exceeds the slot's {}", bytes, written,
+         slotBytes_);
+  bytesPublished_ += written;
+  publishAndWait(round, bytes, nextData() - kHeaderBytes, transport, deadline);
 }
 
 void SharedSegment::checkNotAborted() {

@@ -71,6 +71,16 @@ class SharedSegment {
   // Throws Error (TIMEOUT, REMOTE, MISMATCH) and then marks the segment aborted.
   void exchange(const Round& round, const void* data, size_t bytes, Transport& transport, const CallDeadline& deadline);
   const uint8_t* peerData(int rank) const { return slot(rank, static_cast<int>(rounds_ & 1)) + kHeaderBytes; }
+  // This rank's data area in the slot that the next round publishes, for data
+  // this rank computes from the round just done (the allreduce's reduced
+  // share) without a copy: write it here between two rounds, then publish it
+  // with exchangeWritten(). Safe: every peer finished reading that slot (two
+  // rounds ago) before it published the round just done.
+  uint8_t* nextData() const { return slot(rank_, static_cast<int>((rounds_ + 1) & 1)) + kHeaderBytes; }
+  // exchange() for the `written` bytes this rank put into nextData(), every
+  // rank declaring the same `bytes` (the piece's size) for the check.
+  void exchangeWritten(const Round& round, size_t bytes, size_t written, Transport& transport,
+                       const CallDeadline& deadline);
   // Bytes this rank wrote into its slots for its peers so far: what it "sent"
   // through the segment (a compressor's payload on one host, for its stats).
   uint64_t bytesPublished() const { return bytesPublished_; }
@@ -86,6 +96,14 @@ class SharedSegment {
 
  private:
   SharedSegment(std::shared_ptr<Mapping> mapping, int rank, int size, size_t slotBytes, std::vector<long> pids);
+  // Publishes this rank's header of the next round in `mine` (its slot of that round, the data in
+  // place) and waits for every peer's. Inlined into both callers: a small call pays no second call.
+  [[gnu::always_inline]] inline void publishAndWait(const Round& round, size_t bytes, uint8_t* mine,
+                                                    Transport& transport, const CallDeadline& deadline);
+  // Throws the first failure's error when this rank gave up (a later call on an aborted segment).
+  void failIfAborted() {
+    if (aborted_) checkNotAborted();
+  }
   void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, const CallDeadline& deadline);
   [[noreturn]] void failFromAbortWord(uint64_t word);
   // A peer's slot header (theirHeader) that differs from this round: MISMATCH
