@@ -7,14 +7,15 @@
 // wait of a large ring (one per 256 KiB segment) sleeps anyway. Each idle poll
 // is a ucp_worker_progress, i.e. an epoll_wait: spinning the full
 // kFullRounds at the start of every wait cost a 64 MiB allreduce across two
-// emulated hosts at 1 Gbit/s about 10,000 of them per rank, 2.3-5.3x what the
-// carried short spin costs (at ~0.17 us each, about 2 ms of CPU per rank and
-// call: docs/benchmarks.md, "Waiting ranks' CPU across hosts, third pass"). So the next wait spins only
-// kShortRounds when the last wait that slept had its data come long after
-// it fell asleep (more than kPaysWithin: a full spin would not have caught
-// it either), and the full kFullRounds again once a wait's data came within
-// kPaysWithin of its first sleep (a longer spin would have caught it: a
-// reply on its way). A wait that never slept leaves the choice as it is. A
+// emulated hosts at 1 Gbit/s about 10,000 of them per rank and call, 2.3-5.3x
+// what the carried short spin costs (at ~0.17 us each, about 2 ms of CPU per
+// rank and call: docs/benchmarks.md, "Waiting ranks' CPU across hosts, third
+// pass"). So the next wait spins only kShortRounds when the last wait that
+// slept had its data come long after it fell asleep (more than kPaysWithin: a
+// full spin would not have caught it either), and the full kFullRounds again
+// once a wait's data came within kPaysWithin of its first sleep (replies on
+// their way: spinning may catch the next one). A wait that never slept leaves
+// the choice as it is. A
 // wait for less than kStreamingBytes always spins in full: small messages are
 // latency-bound, and one late peer (a straggler) must not cost the next small
 // call a wake-up.
