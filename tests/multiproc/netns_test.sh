@@ -82,6 +82,20 @@ for rndv in 262144 0; do
   fi
 done
 
+echo "== waits for data streaming across the hosts spin briefly before they sleep"
+# At 1 Gbit/s every 256 KiB segment of the ring takes ~2 ms: a wait that slept long spins only a
+# few idle polls (each an epoll_wait) in the next wait before sleeping, not RemoteSpin::kFullRounds
+# (50) each time (lib/transport/ucx/remote_spin.h). Each rank's transport says at debug level how
+# many polls its waits spun before their first sleep, on average.
+SHOAL_LOG_LEVEL=debug "${launch[@]}" "$bin/shoal-bench" -b 16M -e 16M -n 2 -w 1 -c 1 >"$tmp/spin.log" 2>&1 ||
+  { echo "FAIL: 16 MiB allreduce: $(tail -2 "$tmp/spin.log")"; fail=1; }
+spins=$(sed -n 's/.*waits for peers on other hosts slept, after \([0-9.]*\) idle polls.*/\1/p' "$tmp/spin.log")
+echo "idle polls before sleeping, per rank: $(echo $spins)"
+[[ $(echo "$spins" | grep -c .) == 2 ]] || { echo "FAIL: $(echo "$spins" | grep -c .) of 2 ranks reported their waits' sleeps"; fail=1; }
+for s in $spins; do
+  awk -v s="$s" 'BEGIN { exit !(s < 25) }' || { echo "FAIL: the waits spun $s idle polls before sleeping, expected < 25"; fail=1; }
+done
+
 echo "== a count that differs between the hosts, above the rendezvous threshold"
 # Rank 0 allreduces 4 MiB, rank 1 8 MiB (ring segments of 256 KiB, i.e. rendezvous messages):
 # they must fail with the mismatch's text (the call signature in the tag finds it), not hang on

@@ -61,6 +61,7 @@
 #include "core/log.h"
 #include "transport/host.h"
 #include "transport/transport.h"
+#include "transport/ucx/remote_spin.h"
 
 namespace shoal {
 namespace {
@@ -243,21 +244,28 @@ class UcxTransport final : public Transport {
   static constexpr unsigned kOversubscribedSpinRounds = 20;
   static constexpr int kEventWaitMs = 2;
   // A wait for peers on other hosts only (bench/netns, real clusters): after
-  // kRemoteSpinRounds idle polls (a few microseconds: a reply already on its
-  // way) the rank arms the worker's event fd and sleeps in poll() until UCX
-  // has something (data, a writable socket, an abort notice), the deadline, or
-  // the next liveness/mismatch probe (checkForPeerTrouble, every 50 ms) is due.
-  // Network latency dwarfs the wake-up (a few microseconds), and a waiting
-  // rank then costs no CPU, as Gloo's blocking sockets do. Peers on this host
-  // keep the spin-then-yield policy: shared memory raises no event, and their
-  // replies come in microseconds.
-  static constexpr unsigned kRemoteSpinRounds = 50;
+  // remoteSpin_.rounds() idle polls (up to RemoteSpin::kFullRounds, a few
+  // microseconds: a reply already on its way) the rank arms the worker's event
+  // fd and sleeps in poll() until UCX has something (data, a writable socket,
+  // an abort notice), the deadline, or the next liveness/mismatch probe
+  // (checkForPeerTrouble, every 50 ms) is due. Network latency dwarfs the
+  // wake-up (a few microseconds), and a waiting rank then costs no CPU, as
+  // Gloo's blocking sockets do. Peers on this host keep the spin-then-yield
+  // policy: shared memory raises no event, and their replies come in
+  // microseconds.
   // Once a wait has slept, its data is streaming in at the link's pace: after
-  // each wake-up's progress it sleeps again after this many idle polls instead
-  // of kRemoteSpinRounds (each idle poll is an epoll_wait: at 1 Gbit/s the
-  // full spin cost a 64 MiB allreduce ~30,000 of them per rank).
-  static constexpr unsigned kRemoteRespinRounds = 2;
+  // each wake-up's progress it sleeps again after this many idle polls (each
+  // idle poll is an epoll_wait: at 1 Gbit/s the full spin cost a 64 MiB
+  // allreduce ~30,000 of them per rank). remoteSpin_ carries the same from one
+  // wait to the next (remote_spin.h).
+  static constexpr unsigned kRemoteRespinRounds = RemoteSpin::kShortRounds;
   static constexpr int kRemoteSleepMaxMs = 50;
+  RemoteSpin remoteSpin_;
+  // For SHOAL_LOG_LEVEL=debug at the end (ctest multiproc.netns_two_hosts reads it): waits that
+  // slept on the event fd, and the idle polls they spun before their first sleep.
+  uint64_t sleptWaits_ = 0;
+  uint64_t pollsBeforeSleep_ = 0;
+  Clock::duration spinBeforeSleep_{};
   unsigned spinRounds_ = 2000;
   int eventFd_ = -1;
   std::vector<bool> remotePeer_;  // peers on other hosts (not this host, not this process)
@@ -418,6 +426,12 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
 }
 
 UcxTransport::~UcxTransport() {
+  if (sleptWaits_ > 0)
+    SHOAL_LOG_DEBUG("rank {}: {} waits for peers on other hosts slept, after {:.1f} idle polls ({:.1f} us) each on "
+                    "average",
+                    rank_, sleptWaits_, static_cast<double>(pollsBeforeSleep_) / static_cast<double>(sleptWaits_),
+                    std::chrono::duration<double, std::micro>(spinBeforeSleep_).count() /
+                        static_cast<double>(sleptWaits_));
   if (abortReceive_ != nullptr) {
     ucp_request_cancel(worker_, abortReceive_);
     ucp_request_free(abortReceive_);
@@ -883,7 +897,13 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
   checkUsable();
   unsigned idleRounds = 0;
   Clock::time_point idleSince{};
-  unsigned remoteSpinRounds = std::min(spinRounds_, kRemoteSpinRounds);
+  size_t pendingBytes = 0;
+  for (size_t i = 0; i < count; ++i) pendingBytes += requests[i].done ? 0 : requests[i].bytes;
+  unsigned remoteSpinRounds = std::min(spinRounds_, remoteSpin_.rounds(pendingBytes));
+  Clock::time_point firstSleep{};  // when this wait first slept on the event fd
+  bool slept = false;
+  uint64_t idlePolls = 0;  // before the first sleep
+  Clock::time_point firstIdle{};
   try {
     for (;;) {
       bool allDone = true, anyDone = count == 0;
@@ -912,7 +932,14 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
       // Spin briefly (lowest latency), then sleep on the worker's event fd so
       // that ranks outnumbering cores leave the CPU to the peers they wait for.
       if (++idleRounds == spinRounds_ + 1) idleSince = Clock::now();
+      if (!slept && ++idlePolls == 1) firstIdle = Clock::now();
       if (eventFd_ >= 0 && idleRounds > remoteSpinRounds && waitsOnlyForRemotePeers(requests, count)) {
+        if (!slept) {
+          firstSleep = Clock::now(), slept = true;
+          ++sleptWaits_;
+          pollsBeforeSleep_ += idlePolls - 1;  // the last idle round is the one that sleeps
+          spinBeforeSleep_ += firstSleep - firstIdle;
+        }
         sleepOnEvents(deadline);
         remoteSpinRounds = std::min(remoteSpinRounds, kRemoteRespinRounds);
         continue;
@@ -925,6 +952,7 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
         failWith(requests, count, notice->status(), notice->what(), false);
     failWith(requests, count, error.status(), error.what(), !peerAborted_);
   }
+  if (slept) remoteSpin_.sleptWait(Clock::now() - firstSleep);
   for (size_t i = 0; i < count; ++i) {
     Request& request = requests[i];
     if (request.done && request.isReceive && request.receivedBytes != request.bytes)
