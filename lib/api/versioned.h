@@ -1,19 +1,20 @@
 // Versioned structs at the C API (NCCL's config model): a caller's struct
 // starts with struct_size, the size its header declared. A later version only
 // appends fields, so a caller built against an older header passes a smaller
-// size, which ends where one of the struct's fields ends. The library reads
-// (or writes) exactly the fields the caller's version has; the rest take the
-// library's defaults. Any other size is refused with text naming the call,
-// the sizes it accepts and the INIT macro to start from: 0, a size beyond
-// this version's struct, and a size inside a field (which would copy part of
-// a pointer). The one place that rule lives; every entry point that takes
+// size: where one of the struct's fields ends, or that end rounded up to the
+// struct's alignment (its sizeof). The library reads (or writes) the caller's
+// bytes up to that size; the fields beyond take the library's defaults. Any
+// other size is refused with text naming the call, the sizes it accepts and
+// the INIT macro to start from: 0, a size beyond this version's struct, and a
+// size inside a field (which would copy part of a pointer). The one place that rule lives; every entry point that takes
 // such a struct goes through readVersioned / writeVersioned.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "shoal/lowrank.h"
@@ -109,28 +110,40 @@ constexpr bool listsEveryField() {
   return last <= sizeof(T) && sizeof(T) - last < alignof(T);
 }
 
-// The sizes readVersioned/writeVersioned accept, for error text: "8, 12, ..., 48".
+// The sizes a caller built against this or an earlier header can pass: the
+// end of each field (a version that ended there), that end rounded up to the
+// struct's alignment (the same version's sizeof, tail padding included), and
+// sizeof(T). In order, without repeats.
 template <typename T>
-std::string acceptedStructSizes() {
-  std::string text;
-  for (size_t end : VersionedFields<T>::kEnds) text += (text.empty() ? "" : ", ") + std::to_string(end);
-  if (VersionedFields<T>::kEnds[sizeof(VersionedFields<T>::kEnds) / sizeof(size_t) - 1] != sizeof(T))
-    text += ", " + std::to_string(sizeof(T));
-  return text;
+std::vector<size_t> acceptedStructSizes() {
+  std::vector<size_t> sizes;
+  auto add = [&](size_t size) {
+    if (size <= sizeof(T) && (sizes.empty() || sizes.back() < size)) sizes.push_back(size);
+  };
+  for (size_t end : VersionedFields<T>::kEnds) {
+    add(end);
+    add((end + alignof(T) - 1) / alignof(T) * alignof(T));
+  }
+  add(sizeof(T));
+  return sizes;
 }
 
-// Refuses a struct_size that is not this version's sizeof(T) or the end of
-// one of its fields. `call` and `what` ("options", "stats") name it.
+// Refuses a struct_size that no version of T had. `call` and `what`
+// ("options", "stats") name it. A field appended later must not start inside
+// an earlier version's tail padding (the earlier sizeof would then read it
+// from the caller's padding): header authors append at sizeof(T) or after.
 template <typename T>
 void checkStructSize(const char* call, const char* what, size_t size) {
   static_assert(listsEveryField<T>(), "VersionedFields<T>::kEnds misses a field of T");
   if (size == sizeof(T)) return;
-  for (size_t end : VersionedFields<T>::kEnds)
-    if (size == end) return;
+  const std::vector<size_t> sizes = acceptedStructSizes<T>();
+  if (std::find(sizes.begin(), sizes.end(), size) != sizes.end()) return;
+  std::string list;
+  for (size_t accepted : sizes) list += (list.empty() ? "" : ", ") + std::to_string(accepted);
   fail(SHOAL_ERR_INVALID_ARGUMENT,
        "{}: {}->struct_size is {}; it must be the struct's size in this or an earlier version of shoal.h ({}): "
        "start from {}",
-       call, what, size, acceptedStructSizes<T>(), VersionedFields<T>::kInit);
+       call, what, size, list, VersionedFields<T>::kInit);
 }
 
 // The caller's struct over `defaults`: the fields its version has, the

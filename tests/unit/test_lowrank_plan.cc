@@ -7,6 +7,9 @@
 // bit for bit; bad arguments are refused with a message; the header is C11.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -407,6 +410,29 @@ TEST(LowrankPlan, ZeroGradientsGiveZeros) {
     for (float x : out) ASSERT_EQ(x, 0.0f);
   }
   shoal_lowrank_plan_destroy(plan);
+}
+
+// An older caller's config: its struct_size is where one of the fields ends
+// or that end padded to the struct's alignment (the older sizeof: here a
+// version ending at `device`, 52 bytes of fields, 56 with padding); the fields
+// beyond take the defaults. A size inside a field is refused.
+TEST(LowrankPlan, OlderConfigSizesAreReadUpToTheirFields) {
+  shoal_lowrank_matrix_t m = {8, 8, 0, 0, nullptr};
+  shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
+  config.stream = reinterpret_cast<void*>(uintptr_t(0x1234));  // beyond both older sizes: must not be read
+  for (size_t size : {offsetof(shoal_lowrank_config_t, stream) - 4, offsetof(shoal_lowrank_config_t, stream)}) {
+    config.struct_size = size;
+    shoal_lowrank_plan_t plan = nullptr;
+    EXPECT_EQ(shoal_lowrank_plan_create(&m, 1, &config, &plan), SHOAL_OK)
+        << "struct_size " << size << ": " << shoal_last_error(nullptr);
+    shoal_lowrank_plan_destroy(plan);
+  }
+  config.struct_size = offsetof(shoal_lowrank_config_t, stream) + 4;
+  shoal_lowrank_plan_t plan = nullptr;
+  EXPECT_EQ(shoal_lowrank_plan_create(&m, 1, &config, &plan), SHOAL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(shoal_last_error(nullptr)).find("SHOAL_LOWRANK_CONFIG_INIT"), std::string::npos)
+      << shoal_last_error(nullptr);
+  EXPECT_EQ(plan, nullptr);
 }
 
 TEST(LowrankPlan, BadArgumentsAreRefused) {
