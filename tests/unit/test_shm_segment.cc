@@ -80,10 +80,11 @@ void expectRankOrderBitsOnEveryRank(int size, size_t count, shoal_dtype_t dtype)
 }
 
 TEST(ShmReduceScatter, RankOrderBitsOnEveryRankF32) {
-  // One piece, a piece whose shares do not split evenly into cache lines, and
-  // more than the 256 KiB slot (two pieces).
+  // One piece, a piece whose shares do not split evenly into cache lines,
+  // more than the 256 KiB slot (two pieces), and a full two-round piece
+  // followed by a short last piece (16,380 B) that takes the one-round form.
   for (int size : {3, 4, 5})
-    for (size_t count : {size_t(16384), size_t(20011), size_t(100003)})
+    for (size_t count : {size_t(16384), size_t(20011), size_t(100003), size_t(65536 + 4095)})
       expectRankOrderBitsOnEveryRank<float>(size, count, SHOAL_F32);
 }
 
