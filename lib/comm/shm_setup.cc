@@ -60,9 +60,9 @@ void warmUp(shoal_comm& comm) {
   // shoal-first-calls: a 1 MiB first call at N = 2 took ~100 page faults when
   // the warm-up stopped at 2 segments).
   const size_t ringBytes = std::max<size_t>(comm.segmentBytes * comm.size, 4 << 20) / 8 * 8;
-  words.assign(std::max<size_t>(ringBytes / 8, comm.size), 0);
+  std::vector<uint64_t> ringWords(std::max<size_t>(ringBytes / 8, comm.size), 0);
   initCollective(comm, [&](Context& context) {
-    allreduceRing(context, words.data(), words.size(), Reducer(SHOAL_U64, SHOAL_BOR));
+    allreduceRing(context, ringWords.data(), ringWords.size(), Reducer(SHOAL_U64, SHOAL_BOR));
   });
   if (comm.shm) initCollective(comm, [&](Context& context) { barrierShm(context); });
 }

@@ -90,7 +90,7 @@ void runCudaReduceScatter(shoal_comm& comm, uint64_t sequence, Request& r) {
   const auto input = reinterpret_cast<uintptr_t>(r.input.data), output = reinterpret_cast<uintptr_t>(r.output.data);
   const bool overlaps = bytes > 0 && output < input + total * element && input < output + bytes;
   const bool direct = rows % static_cast<size_t>(comm.size) == 0 && ncclReduces(r.meta.op);
-  const size_t scratchBytes = !direct ? total * element : overlaps && output != input + mineAt ? bytes : 0;
+  [[maybe_unused]] const size_t scratchBytes = !direct ? total * element : overlaps && output != input + mineAt ? bytes : 0;
   MemoryRoute route = routeOf(call, {&r.input, &r.output});
   checkCudaReady(comm, call, route);
   void* scratch = nullptr;
