@@ -420,6 +420,14 @@ TEST(LowrankPlan, OlderConfigSizesAreReadUpToTheirFields) {
   shoal_lowrank_matrix_t m = {8, 8, 0, 0, nullptr};
   shoal_lowrank_config_t config = SHOAL_LOWRANK_CONFIG_INIT;
   config.stream = reinterpret_cast<void*>(uintptr_t(0x1234));  // beyond both older sizes: must not be read
+  // A version ending at dtype: `memory` beyond it holds a value checkConfig
+  // refuses, so reading past struct_size would fail the call.
+  config.memory = static_cast<shoal_memory_t>(7);
+  config.struct_size = offsetof(shoal_lowrank_config_t, memory);
+  shoal_lowrank_plan_t older = nullptr;
+  EXPECT_EQ(shoal_lowrank_plan_create(&m, 1, &config, &older), SHOAL_OK) << shoal_last_error(nullptr);
+  shoal_lowrank_plan_destroy(older);
+  config.memory = SHOAL_MEMORY_HOST;
   for (size_t size : {offsetof(shoal_lowrank_config_t, stream) - 4, offsetof(shoal_lowrank_config_t, stream)}) {
     config.struct_size = size;
     shoal_lowrank_plan_t plan = nullptr;

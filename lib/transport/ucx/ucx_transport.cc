@@ -486,7 +486,10 @@ void UcxTransport::listen(Store& store, const std::string& key) {
   checkUcs(ucp_listener_query(listener_, &attr), "ucp_listener_query");
   const unsigned port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
   std::string value = std::to_string(port);
-  for (const InterfaceAddress& local : interfaceAddresses()) value += " " + ipv4Text(local.address);
+  for (const InterfaceAddress& local : interfaceAddresses()) {
+    value += ' ';
+    value += ipv4Text(local.address);  // (not " " + text: GCC 12's -Wrestrict misfires on it)
+  }
   store.set(key + std::to_string(rank_), Bytes(value.begin(), value.end()));
 }
 
@@ -897,8 +900,11 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
   checkUsable();
   unsigned idleRounds = 0;
   Clock::time_point idleSince{};
+  // What streams in is what this wait receives: sends leave at the socket's
+  // pace and a symmetric exchange of small messages stays latency-bound.
   size_t pendingBytes = 0;
-  for (size_t i = 0; i < count; ++i) pendingBytes += requests[i].done ? 0 : requests[i].bytes;
+  for (size_t i = 0; i < count; ++i)
+    pendingBytes += requests[i].done || !requests[i].isReceive ? 0 : requests[i].bytes;
   unsigned remoteSpinRounds = std::min(spinRounds_, remoteSpin_.rounds(pendingBytes));
   Clock::time_point firstSleep{};  // when this wait first slept on the event fd
   bool slept = false;
