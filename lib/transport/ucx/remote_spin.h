@@ -16,7 +16,7 @@
 // once a wait's data came within kPaysWithin of its first sleep (replies on
 // their way: spinning may catch the next one). A wait that never slept leaves
 // the choice as it is. A
-// wait for less than kStreamingBytes always spins in full: small messages are
+// wait that receives less than kStreamingBytes always spins in full: small messages are
 // latency-bound, and one late peer (a straggler) must not cost the next small
 // call a wake-up.
 #pragma once
@@ -39,7 +39,7 @@ class RemoteSpin {
   // is the round trip, not the link's pace.
   static constexpr size_t kStreamingBytes = size_t(64) << 10;
 
-  // Idle polls the next wait, for `bytes` in all, spins before it sleeps.
+  // Idle polls the next wait, receiving `bytes` in all, spins before it sleeps.
   unsigned rounds(size_t bytes) const { return bytes < kStreamingBytes ? kFullRounds : rounds_; }
   // A wait that slept is complete, `sinceFirstSleep` after it first fell asleep.
   void sleptWait(std::chrono::steady_clock::duration sinceFirstSleep) {
