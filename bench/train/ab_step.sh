@@ -5,14 +5,14 @@
 # machine those CPU counts compare two builds; the wall-clock steps do not.
 #
 #   bench/train/ab_step.sh --a DIR --b DIR [--repeats 3] [--rate 1gbit] [--out DIR] [--perf] \
-#       [--name shoalab] [--subnet 10.211.0] -- examples/train/digits_mlp.py --compression sketch --epochs 1
+#       [--name shoalab] [--subnet 10.211.0] [--timeline | --tensor NAME] -- examples/train/digits_mlp.py --compression sketch --epochs 1
 #
 # DIR is a source tree with its build: DIR/build-nocuda/lib/libshoal.so (or --a-lib/--b-lib FILE),
 # its Python package DIR/bindings/python. The example and step_profile.py are this tree's, so
 # both sides run the same Python. --perf: rank 0 of each side's first run under `perf record`
 # (OUT/a.perf.data, OUT/b.perf.data; `perf report -i FILE --comm shoal-engine --sort sym`).
 # --timeline: every run with SHOAL_TIMELINE=OUT/<a|b>-<k>.trace.json (rank 0's), and its tail
-# phases printed (bench/train/tail_phases.py --tensor TENSOR, default user.weight).
+# phases printed (bench/train/tail_phases.py --tensor TENSOR: user.weight, or --tensor NAME, which implies it).
 # Logs: OUT/<a|b>-<k>.log. Needs root and ip netns; the cluster (bench/netns/cluster.sh --name,
 # --subnet: give others' clusters on the machine a wide berth) is removed on exit.
 set -uo pipefail

@@ -99,10 +99,11 @@ bool allreduceShmScatters(size_t pieceBytes, int size) { return size >= 3 && pie
 
 namespace {
 
-// A call whose first piece takes the reduce-scatter form, piece by piece (a
-// short last piece takes one round). Not inlined, like the form itself.
-[[gnu::noinline]] void allreduceScatteredPieces(Context& context, SharedSegment& shm, const uint8_t* in, uint8_t* out,
-                                                size_t count, const Reducer& reducer) {
+// A call of more than one piece, or of one piece that takes the reduce-scatter
+// form: piece by piece, each in the form its size takes (a short last piece
+// one round). Not inlined: a small call's path stays as short as it was.
+[[gnu::noinline]] void allreducePieces(Context& context, SharedSegment& shm, const uint8_t* in, uint8_t* out,
+                                       size_t count, const Reducer& reducer) {
   const size_t element = reducer.elementSize();
   const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
   for (size_t first = 0; first < count; first += perRound) {
@@ -121,14 +122,11 @@ void allreduceShmOutOfPlace(Context& context, const void* send, void* recv, size
   const size_t element = reducer.elementSize();
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  if (allreduceShmScatters(std::min(count * element, shm.slotBytes()), context.size)) {
-    allreduceScatteredPieces(context, shm, in, out, count, reducer);
-  } else if (count * element <= shm.slotBytes()) {  // the call fits the slot: one round, no division
+  const size_t bytes = count * element;
+  if (bytes <= shm.slotBytes() && !allreduceShmScatters(bytes, context.size)) {  // one round, no division
     if (count > 0) reduceAllSlots(context, shm, in, out, count, 0, count, reducer);
   } else {
-    const size_t perRound = std::max<size_t>(1, shm.slotBytes() / element);
-    for (size_t first = 0; first < count; first += perRound)
-      reduceAllSlots(context, shm, in, out, count, first, std::min(perRound, count - first), reducer);
+    allreducePieces(context, shm, in, out, count, reducer);
   }
   reducer.finish(recv, count, context.size);
   context.sharedSegmentOnly = count > 0;

@@ -145,9 +145,10 @@ inline void encodeStatsCodes(const uint64_t* w, size_t stride, uint64_t* code) {
 // MAX of every rank's gave). False, with why[], for a code no OR of honest
 // codes makes; the words' ranges are readScale's to check.
 inline bool decodeStatsCodes(const uint64_t* code, size_t stride, uint64_t* w, char* why, size_t whySize) {
-  if (!decodeThermometer(code, kTopBase, w[0]) || !decodeThermometer(code + kThermometerWords, kLowestBase, w[1])) {
+  const bool topOk = decodeThermometer(code, kTopBase, w[0]);
+  if (!topOk || !decodeThermometer(code + kThermometerWords, kLowestBase, w[1])) {
     std::snprintf(why, whySize, "the %s word's code is not a thermometer code (one run of set bits from bit 0)",
-                  decodeThermometer(code, kTopBase, w[0]) ? "lowest" : "top");
+                  topOk ? "lowest" : "top");
     return false;
   }
   for (size_t k = 2; k < stride; ++k) w[k] = code[2 * kThermometerWords + k - 2];

@@ -265,7 +265,6 @@ class UcxTransport final : public Transport {
   // slept on the event fd, and the idle polls they spun before their first sleep.
   uint64_t sleptWaits_ = 0;
   uint64_t pollsBeforeSleep_ = 0;
-  Clock::duration spinBeforeSleep_{};
   unsigned spinRounds_ = 2000;
   int eventFd_ = -1;
   std::vector<bool> remotePeer_;  // peers on other hosts (not this host, not this process)
@@ -427,11 +426,8 @@ UcxTransport::UcxTransport(const TransportOptions& options) : rank_(options.rank
 
 UcxTransport::~UcxTransport() {
   if (sleptWaits_ > 0)
-    SHOAL_LOG_DEBUG("rank {}: {} waits for peers on other hosts slept, after {:.1f} idle polls ({:.1f} us) each on "
-                    "average",
-                    rank_, sleptWaits_, static_cast<double>(pollsBeforeSleep_) / static_cast<double>(sleptWaits_),
-                    std::chrono::duration<double, std::micro>(spinBeforeSleep_).count() /
-                        static_cast<double>(sleptWaits_));
+    SHOAL_LOG_DEBUG("rank {}: {} waits for peers on other hosts slept, after {:.1f} idle polls each on average",
+                    rank_, sleptWaits_, static_cast<double>(pollsBeforeSleep_) / static_cast<double>(sleptWaits_));
   if (abortReceive_ != nullptr) {
     ucp_request_cancel(worker_, abortReceive_);
     ucp_request_free(abortReceive_);
@@ -908,8 +904,6 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
   unsigned remoteSpinRounds = std::min(spinRounds_, remoteSpin_.rounds(pendingBytes));
   Clock::time_point firstSleep{};  // when this wait first slept on the event fd
   bool slept = false;
-  uint64_t idlePolls = 0;  // before the first sleep
-  Clock::time_point firstIdle{};
   try {
     for (;;) {
       bool allDone = true, anyDone = count == 0;
@@ -938,13 +932,11 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
       // Spin briefly (lowest latency), then sleep on the worker's event fd so
       // that ranks outnumbering cores leave the CPU to the peers they wait for.
       if (++idleRounds == spinRounds_ + 1) idleSince = Clock::now();
-      if (!slept && ++idlePolls == 1) firstIdle = Clock::now();
       if (eventFd_ >= 0 && idleRounds > remoteSpinRounds && waitsOnlyForRemotePeers(requests, count)) {
         if (!slept) {
           firstSleep = Clock::now(), slept = true;
           ++sleptWaits_;
-          pollsBeforeSleep_ += idlePolls - 1;  // the last idle round is the one that sleeps
-          spinBeforeSleep_ += firstSleep - firstIdle;
+          pollsBeforeSleep_ += idleRounds - 1;  // the last idle round is the one that sleeps
         }
         sleepOnEvents(deadline);
         remoteSpinRounds = std::min(remoteSpinRounds, kRemoteRespinRounds);
