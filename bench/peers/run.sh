@@ -20,7 +20,8 @@
 # "iters:warmup", sizes <= SMALL_MAX / <= MID_MAX / above).
 #
 # Outputs in OUTDIR (default <repo>/build/peers): results.md, raw.tsv,
-# medians.tsv, manifest.tsv, logs/.
+# medians.tsv, manifest.tsv, logs/. The peer programs (gloo_allreduce, mpi_allreduce) are
+# built into and run from $PEERS_BIN when it is set, else OUTDIR.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -105,6 +106,8 @@ want() { [[ ",$only," == *",$1,"* ]]; }
 mkdir -p "$out/logs"
 rm -f "$out"/logs/*.log "$out"/logs/*.json "$out"/logs/*.err \
   "$out/results.md" "$out/raw.tsv" "$out/medians.tsv"
+# The peer programs: $PEERS_BIN when set (as headline.sh reads it), else OUTDIR.
+peers="${PEERS_BIN:-$out}"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/shoal-peers.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 manifest="$out/manifest.tsv"
@@ -112,16 +115,16 @@ printf '# label\tnranks\trep\tkind\tlog\tjson\tdelayed_acks\n' >"$manifest"
 
 if ((build)); then
   bash "$repo/scripts/setup.sh" --peers
-  "$here/build.sh" "$out" || echo "run.sh: peer build failed; continuing with what exists" >&2
+  "$here/build.sh" "$peers" || echo "run.sh: peer build failed; continuing with what exists" >&2
 fi
 
 have_gloo=0; have_mpi=0; have_shoal=0
 if want gloo; then
-  if [[ -x "$out/gloo_allreduce" ]]; then have_gloo=1
-  else echo "run.sh: $out/gloo_allreduce missing, skipping Gloo" >&2; fi
+  if [[ -x "$peers/gloo_allreduce" ]]; then have_gloo=1
+  else echo "run.sh: $peers/gloo_allreduce missing, skipping Gloo" >&2; fi
 fi
 if want mpi; then
-  if [[ -x "$out/mpi_allreduce" ]] && command -v mpirun >/dev/null; then have_mpi=1
+  if [[ -x "$peers/mpi_allreduce" ]] && command -v mpirun >/dev/null; then have_mpi=1
   else echo "run.sh: mpi_allreduce or mpirun missing, skipping Open MPI" >&2; fi
 fi
 if want shoal; then
@@ -143,11 +146,11 @@ run_gloo() {  # algo nranks args...  (log: $cur_log, set by run_one)
   store="$(mktemp -d "$tmp/store.XXXXXX")"
   local -a pids=()
   for ((r = 1; r < n; r++)); do
-    timeout "$RUN_TIMEOUT" "$out/gloo_allreduce" --rank "$r" --size "$n" \
+    timeout "$RUN_TIMEOUT" "$peers/gloo_allreduce" --rank "$r" --size "$n" \
       --store-dir "$store" --algo "$algo" "$@" >/dev/null 2>>"$log.err" &
     pids+=($!)
   done
-  timeout "$RUN_TIMEOUT" "$out/gloo_allreduce" --rank 0 --size "$n" \
+  timeout "$RUN_TIMEOUT" "$peers/gloo_allreduce" --rank 0 --size "$n" \
     --store-dir "$store" --algo "$algo" "$@" >"$log" 2>&1 || rc=$?
   for p in "${pids[@]}"; do
     wait "$p"; prc=$?
@@ -208,13 +211,13 @@ run_config() {  # config n rep seg
       run_one "gloo ${config#gloo:}" "$n" "$rep" "$k" peer run_gloo "${config#gloo:}" "$n" "${sweep[@]}" ;;
     ompi_default)
       run_one "ompi default" "$n" "$rep" "$k" peer \
-        "${mpirun_base[@]}" -np "$n" "$out/mpi_allreduce" "${sweep[@]}" ;;
+        "${mpirun_base[@]}" -np "$n" "$peers/mpi_allreduce" "${sweep[@]}" ;;
     ompi_tcp)
       # pml ob1 is named too: with pml ucx (the upstream default where UCX
       # is present) the btl list would be ignored.
       run_one "ompi tcp" "$n" "$rep" "$k" peer \
         "${mpirun_base[@]}" --mca pml ob1 --mca btl tcp,self -np "$n" \
-        "$out/mpi_allreduce" "${sweep[@]}" ;;
+        "$peers/mpi_allreduce" "${sweep[@]}" ;;
   esac
 }
 configs=()
