@@ -80,10 +80,10 @@
 // chunk=C (host tensors, default 2^22 elements): an operation of one tensor of
 //   at least 2C elements (values=auto|compact|dense, bitmap index, no ratio)
 //   goes in P <= 8 chunks, each exactly as a tensor of its own (own index,
-//   scale and mode), staggered over P + 1 rounds: round r carries chunk r's
-//   index and chunk r-1's values while a helper thread scans chunk r+1 and
-//   writes chunk r-2's output, so the dense passes overlap the wire
-//   (pipelineRound).
+//   scale and mode), staggered over P + 2 rounds: round r carries chunk r's
+//   index and chunk r-2's values while a helper thread scans chunk r+1,
+//   encodes chunk r-1's values and writes chunk r-3's output, so the encode
+//   and decode passes overlap the wire (pipelineRound).
 //
 // Options: kOptionsHelp. dtypes: f32 only (f64 would need the same rule with
 // 53-bit significands and up to 2^11 exponents: more limbs; not done). Host
@@ -203,6 +203,8 @@ struct Pipeline {
   int next = 0;          // the round the next round() call handles
   std::thread helper;    // at most one task in flight, joined at the start of every round() and in finish()
   bool helperFailed = false;
+  shoal_status_t helperStatus = SHOAL_OK;  // a chunk's union or statistics refused on the helper
+  int helperChunk = -1;                    // ... which chunk
   ~Pipeline() {
     if (helper.joinable()) helper.join();
   }
@@ -745,9 +747,13 @@ int valuePayloads(OpState& s, shoal_payload_t* out) {
 // large tensor is therefore cut into chunks of whole bitmap words, each an
 // independent tensor of its own sub-operation (own index, scale, mode and
 // payloads: exact by the same rule), and the rounds are staggered: round r
-// sends chunk r's index and chunk r-1's values, while a helper thread scans
-// chunk r+1 and decodes chunk r-2 (values arrived in round r-1) during round r's
-// collectives. P chunks take P + 1 rounds. Every payload is read by the same
+// sends chunk r's index and chunk r-2's values, while a helper thread scans
+// chunk r+1, reads chunk r-1's union and encodes its values, and decodes chunk
+// r-3 during round r's collectives. P chunks take P + 2 rounds, and between
+// two rounds the calling thread only joins the helper: every dense pass and
+// every per-member pass overlaps the wire (with chunk r-1's values in round r
+// its union's read and the values' encode ran between rounds, a third of the
+// call at 1 Gbit/s, docs/benchmarks.md). Every payload is read by the same
 // checked functions as the one-piece path (readIndex, encodeValues, ...).
 // Only where rounds are exactly two per tensor: values=auto|compact|dense,
 // bitmap index, no ratio, one tensor per operation.
@@ -823,33 +829,21 @@ shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op
       writeText(op->error_text, op->error_text_size, "sketch: out of memory in the pipelined encode or decode");
       return SHOAL_ERR_INTERNAL;
     }
+    // The helper's readIndex / encodeValues refused chunk helperChunk (its text is in op's error buffer).
+    if (p.helperStatus != SHOAL_OK) return chunkFailed(op, p.helperStatus, p.helperChunk, chunks);
     if (r == 0) encodeIndex(p.chunks[0]->state, &p.chunks[0]->op);
-    if (r >= 1 && r <= chunks) {  // chunk r-1's index arrived: its values go now
-      Chunk& c = *p.chunks[r - 1];
-      shoal_status_t status = readIndex(inst, c.state, &c.op);
-      if (status == SHOAL_OK) status = encodeValues(inst, c.state, &c.op);
-      if (status != SHOAL_OK) return chunkFailed(op, status, r - 1, chunks);
-    }
-    if (r == chunks + 1) {  // the last chunk's values arrived: the call ends here
+    if (r == chunks + 2) {  // the last chunk's values arrived: the call ends here
       Chunk& c = *p.chunks[chunks - 1];
       decodeKnown(c.state, &c.op, true);
       writeOutputs(c.state, &c.op);
       return roundsDone(round);
     }
-    Chunk* scan = r + 1 < chunks ? p.chunks[r + 1].get() : nullptr;
-    Chunk* decode = r >= 2 ? p.chunks[r - 2].get() : nullptr;
-    if (scan || decode)
-      startHelper(p, [scan, decode] {
-        if (scan) encodeIndex(scan->state, &scan->op);
-        if (decode) {
-          decodeKnown(decode->state, &decode->op, true);
-          writeOutputs(decode->state, &decode->op);
-        }
-      });
+    // This round's payloads: chunk r's index (scanned during round r - 1) and
+    // chunk r - 2's values (encoded during round r - 1).
     int np = 0;
     if (r < chunks) np += indexPayloads(p.chunks[r]->state, round->payloads);
-    if (r >= 1) {
-      OpState& values = p.chunks[r - 1]->state;
+    if (r >= 2 && r - 2 < chunks) {
+      OpState& values = p.chunks[r - 2]->state;
       shoal_payload_t extra[SHOAL_MAX_ROUND_PAYLOADS];
       const int nv = valuePayloads(values, extra);
       if (np + nv > SHOAL_MAX_ROUND_PAYLOADS) {  // the index payload + one value dtype + Inf/NaN words
@@ -858,6 +852,29 @@ shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op
       }
       for (int v = 0; v < nv; ++v) round->payloads[np++] = extra[v];
     }
+    // While they travel, the helper scans chunk r + 1, reads chunk r - 1's union (its index
+    // arrived in round r - 1) and encodes its values, and decodes chunk r - 3 (its values
+    // arrived in round r - 1): chunks no payload of this round belongs to.
+    Chunk* scan = r + 1 < chunks ? p.chunks[r + 1].get() : nullptr;
+    Chunk* encode = r >= 1 && r - 1 < chunks ? p.chunks[r - 1].get() : nullptr;
+    Chunk* decode = r >= 3 ? p.chunks[r - 3].get() : nullptr;  // r - 3 <= chunks - 2: the last is decoded above
+    if (scan || encode || decode)
+      startHelper(p, [&inst, &p, scan, encode, decode, chunk = r - 1] {
+        if (scan) encodeIndex(scan->state, &scan->op);
+        if (encode) {
+          shoal_status_t status = readIndex(inst, encode->state, &encode->op);
+          if (status == SHOAL_OK) status = encodeValues(inst, encode->state, &encode->op);
+          if (status != SHOAL_OK) {
+            p.helperStatus = status;
+            p.helperChunk = chunk;
+            return;
+          }
+        }
+        if (decode) {
+          decodeKnown(decode->state, &decode->op, true);
+          writeOutputs(decode->state, &decode->op);
+        }
+      });
     round->num_payloads = np;
     if (np > 0) return SHOAL_OK;
   }

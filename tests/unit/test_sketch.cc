@@ -594,7 +594,7 @@ void simulate(const char* options, int n, shoal_op_t reduceOp, const std::vector
     for (size_t i = 0; i < counts[t]; ++i) values[i] = gens[t][0](r, i);
   };
   shoal_status_t status = run.start(specs, reduceOp, 3, fill);
-  if (status == SHOAL_OK) status = run.run(nullptr, 16);  // chunk= takes up to 9 rounds
+  if (status == SHOAL_OK) status = run.run(nullptr, 16);  // chunk= takes up to 10 rounds
   ASSERT_EQ(status, SHOAL_OK) << run.error(run.failedRank());
   *rounds = run.rounds();
   outputs->clear();
@@ -948,7 +948,7 @@ namespace {
 // ---- chunk=: one large tensor pipelined in chunks -----------------------------
 
 // chunk=64 on 1000 elements: chunks of max(64, 1000 / 8) -> 128 elements, so
-// 8 chunks (the last of 104: a partial bitmap word) and 9 collective rounds.
+// 8 chunks (the last of 104: a partial bitmap word) and 10 collective rounds.
 constexpr size_t kChunkedCount = 1000;
 constexpr int kChunks = 8;
 
@@ -973,9 +973,9 @@ TEST(SketchChunks, EveryChunkExactThroughTheTable) {
         int rounds = 0;
         simulate(options, n, op, {{gen}}, {kChunkedCount}, &outputs, &rounds);
         if (HasFatalFailure()) return;
-        // Chunk r's index and chunk r-1's values share round r; the last chunk's values
-        // need round P unless it has no member.
-        EXPECT_EQ(rounds, std::string(name) == "empty" ? kChunks : kChunks + 1) << options << " " << name;
+        // Chunk r's index and chunk r-2's values share round r; the last two chunks' values
+        // need rounds P and P + 1 unless they have no member.
+        EXPECT_EQ(rounds, std::string(name) == "empty" ? kChunks : kChunks + 2) << options << " " << name;
         const std::vector<float> want = reference(gen, n, kChunkedCount, op);
         for (size_t i = 0; i < kChunkedCount; ++i)
           ASSERT_EQ(bitsOf(outputs[0][i]), bitsOf(want[i])) << options << " " << name << " element " << i;
@@ -1005,8 +1005,8 @@ TEST(SketchChunks, ThroughTheCommunicatorInPlaceAndOutOfPlace) {
     runRanks(n, [&](int rank, shoal_comm_t comm) {
       shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
       runOne(comm, rank, count, gen, "chunk=256", SHOAL_SUM, expected, what, &stats);
-      if (rank == 0) EXPECT_EQ(stats.rounds, kChunks + 1) << what;
-      // In place: chunk r-2's output is written while chunk r+1's input is scanned.
+      if (rank == 0) EXPECT_EQ(stats.rounds, kChunks + 2) << what;
+      // In place: chunk r-3's output is written while chunk r+1's input is scanned.
       std::vector<float> data(count);
       for (size_t i = 0; i < count; ++i) data[i] = gen(rank, i);
       shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
