@@ -11,7 +11,9 @@ runtime; docs/python.md lists what differs and why (Adasum, process sets).
 """
 from .compression import Compression, Compressor
 from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum, add_process_set,
-                      allgather, allgather_async, global_process_set, remove_process_set,
+                      allgather, allgather_async, global_process_set, remove_process_set, grouped_allgather,
+                      grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async,
+                      sparse_allreduce_async, start_timeline, stop_timeline,
                       allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
                       broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
                       cuda_built, ddl_built, gloo_built, gloo_enabled, grouped_allreduce, grouped_allreduce_,
@@ -20,4 +22,5 @@ from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSe
                       reducescatter, reducescatter_async, rocm_built, shutdown, size, synchronize)
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from shoal import ShoalError

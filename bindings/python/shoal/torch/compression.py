@@ -6,6 +6,11 @@ here only names the C compressor and its options, which travel with the
 request, so PowerSGD sees every parameter's real shape and the sketch stays
 lossless. compress() and decompress() are kept (as identities) so code that
 calls them directly still runs.
+
+A user's own compressor, written to Horovod's interface (a Compressor subclass,
+or any object, whose compress()/decompress() do the work in Python), runs as in
+Horovod: compress() before a plain allreduce of what it returns, decompress()
+after (runs_in_python() tells the two kinds apart).
 """
 import torch
 
@@ -33,6 +38,17 @@ class Compressor:
 
     def __repr__(self):
         return "Compression.%s(%s)" % (self.name, self.options or "")
+
+
+def runs_in_python(compression):
+    """True for a Horovod-style compressor whose compress()/decompress() must run around the
+    allreduce (a user's: it overrides them, or is not a shoal Compressor at all); False for shoal's
+    own, which name a C compressor and keep the identity compress()/decompress()."""
+    if not hasattr(compression, "shoal_compressor"):
+        return True
+    return (getattr(getattr(compression, "compress", None), "__func__", None) is not Compressor.compress.__func__
+            or getattr(getattr(compression, "decompress", None), "__func__", None)
+            is not Compressor.decompress.__func__)
 
 
 class NoneCompressor(Compressor):

@@ -31,7 +31,8 @@ def broadcast_parameters(params, root_rank):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """Pickles obj on root_rank and returns it, unpickled, on every rank."""
+    """Pickles obj on root_rank (a global rank, in process_set when one is given) and returns it:
+    the root gets obj itself, the other ranks an unpickled copy (as Horovod's)."""
     name = name or type(obj).__name__
     if rank() == root_rank:
         buffer = io.BytesIO()
@@ -40,11 +41,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
         length = torch.tensor([data.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name="broadcast_object.%s.size" % name)
+    broadcast_(length, root_rank, name="broadcast_object.%s.size" % name, process_set=process_set)
     if rank() != root_rank:
         data = torch.zeros(int(length), dtype=torch.uint8)
-    broadcast_(data, root_rank, name="broadcast_object.%s.data" % name)
-    return _unpickle(data)
+    broadcast_(data, root_rank, name="broadcast_object.%s.data" % name, process_set=process_set)
+    return obj if rank() == root_rank else _unpickle(data)
 
 
 def _unpickle(data):

@@ -16,7 +16,7 @@ import shoal
 from shoal import ShoalError
 from shoal._lib import lib as _clib
 
-from .compression import Compression
+from .compression import Compression, runs_in_python
 
 # Horovod's op constants (horovod/common/basics.py), same values.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -119,12 +119,24 @@ def _comm_of(process_set):
 
 def init(comm=None, process_sets=None):
     """Starts shoal from the launcher's environment (shoalrun, mpirun, srun) and registers
-    process_sets (ProcessSet objects or rank lists). comm= (an MPI communicator) is not supported."""
-    if comm is not None:
+    process_sets (ProcessSet objects or rank lists; "dynamic", as in Horovod, registers none now:
+    add_process_set() works at any time in shoal). comm= takes a list of ranks only when it lists
+    every rank (an MPI communicator, or a subset, is not supported). Calling it again is harmless."""
+    if comm is not None and not (isinstance(comm, (list, tuple, range))
+                                 and all(isinstance(r, int) and not isinstance(r, bool) for r in comm)):
         raise NotImplementedError("shoal.torch.init: comm= (an MPI communicator) is not supported by shoal; launch "
                                   "every rank, call init(), and use process_sets= for subsets")
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError("init: process_sets must be a list of hvd.ProcessSet (or rank lists) or \"dynamic\", "
+                             "got %r" % (process_sets,))
+        process_sets = None
     shoal.init()
     global_process_set.ranks = list(range(_comm().size))
+    if comm is not None and sorted(comm) != global_process_set.ranks:
+        raise NotImplementedError("shoal.torch.init: comm=%s lists a subset of the %d ranks; shoal's global set is "
+                                  "every launched rank: launch only those ranks, or use process_sets=[hvd.ProcessSet("
+                                  "%s)] and process_set= on the operations" % (list(comm), _comm().size, list(comm)))
     for process_set in process_sets or []:
         add_process_set(process_set)
 
@@ -210,6 +222,19 @@ def rocm_built():
     return False
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's dynamic timeline: shoal has no such switch. Its timeline is SHOAL_TIMELINE=<file>
+    in the environment when the runtime starts (rank 0 writes a Chrome trace; docs/diagnostics.md)."""
+    raise NotImplementedError("start_timeline: shoal cannot start a timeline from Python; set SHOAL_TIMELINE=%s in "
+                              "the environment of every rank before the first collective (rank 0 writes it)"
+                              % (file_path,))
+
+
+def stop_timeline():
+    raise NotImplementedError("stop_timeline: shoal's timeline (SHOAL_TIMELINE=<file> in the environment) records "
+                              "until the runtime stops (hvd.shutdown() or exit)")
+
+
 # ---- handles ---------------------------------------------------------------------------------------------
 _handle_map = {}
 _handle_counter = itertools.count(1)
@@ -232,7 +257,7 @@ class _Done:
 
 
 class _Group:
-    """Several requests behind one handle (grouped ops)."""
+    """Several requests (shoal Requests, or _Done ones) behind one handle (grouped ops)."""
 
     def __init__(self, requests):
         self.requests = requests
@@ -241,13 +266,23 @@ class _Group:
         return all(r.test() for r in self.requests)
 
     def wait(self, timeout_s=None):
-        return shoal.wait_all(self.requests, timeout_s)
+        shoal.wait_all([r for r in self.requests if isinstance(r, shoal.Request)], timeout_s)
+        return [r.wait() for r in self.requests]
 
 
 def _new_handle(request, finish=None):
     handle = next(_handle_counter)
     _handle_map[handle] = (request, finish)
     return handle
+
+
+def _group_handles(handles):
+    """One handle for several (grouped ops): synchronize() returns the list of their results."""
+    entries = [_handle_map.pop(h) for h in handles]
+
+    def finish(results):
+        return [f(r) if f else r for r, (_, f) in zip(results, entries)]
+    return _new_handle(_Group([r for r, _ in entries]), finish)
 
 
 def _auto_name(kind, name):
@@ -324,6 +359,23 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if output is not tensor:
         output.copy_(tensor)
     _scale(output, prescale_factor)
+    if runs_in_python(compression):
+        # A user's Horovod-style compressor: allreduce what compress() returns, hand the
+        # result to decompress() and write it into output (as Horovod does around its op).
+        compressed, ctx = compression.compress(output)
+        work = compressed.contiguous()
+        scale = _postscaler(postscale_factor)
+
+        def finish(result):
+            value = compression.decompress(result, ctx)
+            if value.data_ptr() != output.data_ptr():
+                output.copy_(value)
+            return scale(output) if scale else output
+        try:
+            request = comm.iallreduce(work, name, out=work, op=_OPS[op], compressor="none")
+        except ShoalError as error:
+            _raise(error)
+        return _new_handle(request, finish)
     compressor, options = ("none", None)
     if op in (Average, Sum):
         compressor, options = compression.shoal_compressor(output)
@@ -372,6 +424,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Differentiable: the gradient is the same allreduce of the output's gradient."""
     op = _op(op, average)
     _check_tensor(tensor, cuda_ok=True)
+    if runs_in_python(compression):
+        # As Horovod: compress() outside the differentiable allreduce, decompress() after it.
+        compressed, ctx = compression.compress(tensor)
+        reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, Compression.none,
+                                   process_set)
+        return compression.decompress(reduced, ctx)
     return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
@@ -390,11 +448,7 @@ def _grouped(tensors, outputs, name, op, prescale_factor, postscale_factor, comp
     handles = [_allreduce_async(t, o, "%s.%d" % (name, i), op, prescale_factor, postscale_factor, compression,
                                 process_set)
                for i, (t, o) in enumerate(zip(tensors, outputs))]
-    requests = [_handle_map.pop(h) for h in handles]
-
-    def finish(results):
-        return [f(r) if f else r for r, (_, f) in zip(results, requests)]
-    return _new_handle(_Group([r for r, _ in requests]), finish)
+    return _group_handles(handles)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -472,6 +526,49 @@ class _Allgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=None):
     _check_tensor(tensor, cuda_ok=True)
     return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Horovod's grouped allgather: one handle for the allgathers of every tensor (each named
+    <name>.<i>); synchronize() returns the list of results."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allgather: tensors is empty")
+    name = _auto_name("grouped_allgather", name)
+    return _group_handles([allgather_async(t, "%s.%d" % (name, i), process_set) for i, t in enumerate(tensors)])
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """The allgather of every tensor (a list), each differentiable as allgather()."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allgather: tensors is empty")
+    name = _auto_name("grouped_allgather", name)
+    return [allgather(t, "%s.%d" % (name, i), process_set) for i, t in enumerate(tensors)]
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=None):
+    """Horovod's allreduce of a sparse COO tensor: every rank's indices and values are allgathered
+    (<name>.indices, <name>.values); returns a function that waits and gives the sparse result
+    (values divided by the set's size for op=Average; duplicate indices stay, to be summed)."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("sparse_allreduce_async: tensor must be a sparse COO torch.Tensor")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async: op must be hvd.Average or hvd.Sum (allreduce it densely, "
+                         "sparse_as_dense=True, for other ops), got %r" % (op,))
+    name = _auto_name("allreduce", name)
+    local = tensor.coalesce()
+    indices_handle = allgather_async(local.indices().t().contiguous(), name="%s.indices" % name,
+                                     process_set=process_set)
+    values_handle = allgather_async(local.values().contiguous(), name="%s.values" % name, process_set=process_set)
+
+    def result():
+        indices = synchronize(indices_handle)
+        values = synchronize(values_handle)
+        if op == Average:
+            values = values / _comm_of(process_set).size
+        return torch.sparse_coo_tensor(indices.t(), values, tensor.shape)
+    return result
 
 
 # ---- broadcast -------------------------------------------------------------------------------------------
@@ -578,7 +675,30 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     return _Reducescatter.apply(tensor, name, _op(op), prescale_factor, postscale_factor, process_set)
 
 
-def _alltoall_now(tensor, splits):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Horovod's grouped reducescatter: one handle for the reducescatters of every tensor (each
+    named <name>.<i>); synchronize() returns the list of this rank's shares."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped reducescatter: tensors is empty")
+    name = _auto_name("grouped_reducescatter", name)
+    return _group_handles([reducescatter_async(t, "%s.%d" % (name, i), op, process_set, prescale_factor,
+                                               postscale_factor) for i, t in enumerate(tensors)])
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """The reducescatter of every tensor (a list), each differentiable as reducescatter()."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped reducescatter: tensors is empty")
+    name = _auto_name("grouped_reducescatter", name)
+    return [reducescatter(t, "%s.%d" % (name, i), compression, op, process_set, prescale_factor, postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+def _alltoall_now(tensor, splits, process_set=None):
     """(received rows, received splits as an int32 CPU tensor), run at once (blocking C call: a CUDA
     tensor's rows arrive in a tensor on its device, sized from the exchanged splits)."""
     _check_tensor(tensor, cuda_ok=True)
@@ -587,7 +707,7 @@ def _alltoall_now(tensor, splits):
     if splits is not None:
         splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     try:
-        out, received = _comm().alltoall(tensor.contiguous(), splits)
+        out, received = _comm_of(process_set).alltoall(tensor.contiguous(), splits)
     except ShoalError as error:
         _raise(error)
     return out, torch.tensor(received, dtype=torch.int32)
@@ -595,17 +715,17 @@ def _alltoall_now(tensor, splits):
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = _alltoall_now(tensor, splits)
-        ctx.received = received
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = _alltoall_now(tensor, splits, process_set)
+        ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad_output, grad_received):
         # The gradient goes back the way the rows came: rank p's rows return to rank p.
-        grad, _ = _alltoall_now(grad_output.contiguous(), ctx.received)
-        return grad, None, None
+        grad, _ = _alltoall_now(grad_output.contiguous(), ctx.received, ctx.process_set)
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -614,7 +734,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     evenly. Returns the received tensor, and with splits also the received splits (an int32
     tensor on the CPU, as Horovod >= 0.26). CUDA tensors (a CUDA build) travel over NCCL."""
     _check_tensor(tensor, cuda_ok=True)
-    out, received = _Alltoall.apply(tensor, splits, name)
+    out, received = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, received)
 
 
@@ -630,7 +750,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     if splits is not None:
         splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     if math.prod(tensor.shape[1:]) == 0:
-        return _new_handle(_Done(alltoall(tensor, splits, name)))
+        return _new_handle(_Done(alltoall(tensor, splits, name, process_set)))
     comm = _comm_of(process_set)
     name = _auto_name("alltoall", name)
     try:

@@ -14,16 +14,19 @@ import torch
 import shoal
 from shoal import ShoalError
 
-from .compression import Compression
-from .mpi_ops import Average, Adasum, _OPS, _check_tensor, _op, _raise, _scale, size
+from .compression import Compression, runs_in_python
+from .mpi_ops import (Average, Adasum, Sum, _OPS, _check_tensor, _comm_of, _op, _raise, _scale, global_process_set,
+                      size, sparse_allreduce_async)
 from .functions import broadcast_object
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
-                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False):
+                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, process_set=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
+        self._python_codec = runs_in_python(compression)
+        self.process_set = global_process_set if process_set is None else process_set
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
@@ -53,12 +56,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs = []
         self._requires_update = set()
         self._plans = {}         # parameter -> its gradient's prepared allreduce (shoal.PreparedAllreduce)
+        self._dense = {}         # parameter with sparse gradients -> the dense buffer sparse_as_dense reduces
         self._synchronized = False
         self._should_synchronize = True
         self._p_to_group = {}
         self._group_ready = {}
         self._groups = groups
-        if size() > 1:
+        if self.process_set.included() and size() > 1:
             self._register_hooks()
 
     @staticmethod
@@ -82,8 +86,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         if self._groups is not None:
             # The same groups on every rank: order the parameters as rank 0 names them.
-            order = broadcast_object([self._parameter_names[p] for p in trainable], root_rank=0,
-                                     name="DistributedOptimizer.groups")
+            order = broadcast_object([self._parameter_names[p] for p in trainable], root_rank=self.process_set.ranks[0],
+                                     name="DistributedOptimizer.groups", process_set=self.process_set)
             by_name = {self._parameter_names[p]: p for p in trainable}
             ordered = [by_name[n] for n in order if n in by_name]
             if isinstance(self._groups, list):
@@ -109,49 +113,92 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._grad_accs.append(accumulator)
 
     def _submit(self, p):
-        # The steady state: the gradient is still the buffer its plan describes (zero_grad zeroes
-        # it in place), so nothing is checked, described or encoded again; only what differs from
-        # the plan goes the long way (_prepare).
+        """Starts p's gradient allreduce; returns its entry (request, finish, sparse): finish() runs
+        after the request completed. A sparse gradient without sparse_as_dense has no request: its
+        allgathers run in synchronize() (sparse=True), in parameter-name order on every rank."""
         grad = p.grad
-        plan = self._plans.get(p)
-        if plan is None or grad is None or plan.comm is not shoal.communicator() or not plan.matches(grad):
-            grad, plan = self._prepare(p)
+        if grad is not None and grad.is_sparse:
+            if not self.sparse_as_dense:
+                if self.op not in (Average, Sum):
+                    raise ValueError("parameter '%s' has a sparse gradient, which op %r cannot reduce; pass "
+                                     "sparse_as_dense=True" % (self._parameter_names[p], self.op))
+                return None, lambda: self._sparse_allreduce(p), True
+            # As Horovod: reduce it densely, give the optimizer a sparse gradient again.
+            dense = self._dense.get(p)
+            if dense is None or dense.shape != grad.shape or dense.dtype != grad.dtype or dense.device != grad.device:
+                dense = self._dense[p] = torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
+            else:
+                dense.zero_()
+            dense.add_(grad)
+            tensor = dense
+        else:
+            if grad is None:
+                # Another rank may have a gradient for p: contribute zeros under the same name.
+                p.grad = grad = torch.zeros_like(p)
+            elif not grad.is_contiguous():
+                p.grad = grad = grad.contiguous()
+            tensor = grad
         if self.op == Average:
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:
             prescale, postscale = 1.0, 1.0
-        _scale(grad, prescale)
+        _scale(tensor, prescale)
+        codec = None
+        if self._python_codec:
+            # A user's Horovod-style compressor: compress() in Python, allreduce what it returns.
+            compressed, ctx = self._compression.compress(tensor)
+            codec = (compressed.contiguous(), ctx)
+            work = codec[0]
+        else:
+            work = tensor
+        # The steady state: the gradient is still the buffer its plan describes (zero_grad zeroes
+        # it in place), so nothing is checked, described or encoded again; only what differs from
+        # the plan goes the long way (_prepare).
+        comm = _comm_of(self.process_set)
+        plan = self._plans.get(p)
+        if plan is None or plan.comm is not comm or not plan.matches(work):
+            plan = self._prepare(p, work, comm)
         try:
-            request = plan.comm._submit_matched(plan, grad)
+            request = plan.comm._submit_matched(plan, work)
         except ShoalError as error:
             _raise(error)
-        return request, postscale
 
-    def _prepare(self, p):
-        """(gradient, its prepared in-place allreduce) for p's gradient as it is now: zeros where p has
-        none, dense, checked and contiguous, described once for the steps that reuse its buffer."""
-        if p.grad is None:
-            # Another rank may have a gradient for p: contribute zeros under the same name.
-            p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise ValueError("parameter '%s' has a sparse gradient; shoal allreduces dense tensors: pass "
-                                 "sparse_as_dense=True (or Compression.sketch() for sparse-but-dense gradients)"
-                                 % self._parameter_names[p])
-            p.grad = p.grad.to_dense()
-        grad = p.grad
-        _check_tensor(grad, "the gradient of %s" % self._parameter_names[p], cuda_ok=True)
-        if not grad.is_contiguous():
-            p.grad = grad = grad.contiguous()
-        comm = shoal.communicator()
-        compressor, options = self._compression.shoal_compressor(grad)
+        def finish():
+            result = work
+            if codec is not None:
+                result = self._compression.decompress(work, codec[1])
+            _scale(result, postscale)
+            if codec is None:
+                decompressed = self._compression.decompress(result, None)
+                if decompressed is not result:
+                    result = decompressed
+            if tensor is not p.grad:  # sparse_as_dense: the optimizer gets a sparse gradient again
+                p.grad.zero_().add_(result.to_sparse(p.grad.sparse_dim()))
+            elif result is not tensor:
+                if result.shape == tensor.shape:
+                    tensor.copy_(result)
+                else:
+                    tensor.set_(result)
+        return request, finish, False
+
+    def _sparse_allreduce(self, p):
+        aggregated = sparse_allreduce_async(p.grad, self._parameter_names[p], self.op, self.process_set)()
+        p.grad.zero_().add_(aggregated)
+
+    def _prepare(self, p, tensor, comm):
+        """The prepared in-place allreduce of tensor (p's gradient, dense, as it is now; or what a
+        Python compressor made of it), checked and described once for the steps that reuse it."""
+        _check_tensor(tensor, "the gradient of %s" % self._parameter_names[p], cuda_ok=True)
+        if not tensor.is_contiguous():
+            raise ValueError("the gradient of %s is not contiguous" % self._parameter_names[p])
+        compressor, options = ("none", None) if self._python_codec else self._compression.shoal_compressor(tensor)
         try:
-            plan = comm.prepare_iallreduce(grad, self._parameter_names[p], op=_OPS[self.op],
+            plan = comm.prepare_iallreduce(tensor, self._parameter_names[p], op=_OPS[self.op],
                                            compressor=compressor, compressor_options=options)
         except ShoalError as error:
             _raise(error)
         self._plans[p] = plan
-        return grad, plan
+        return plan
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -179,6 +226,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits for every gradient's allreduce (submitting those backward did not produce)."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
         submitted = set()
         for key, requests in self._requests.items():
             if requests is not None:
@@ -189,9 +239,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for key in list(self._requests):
             if self._requests[key] is None:
                 self._requests[key] = [self._submit(key)]
-        pending = [pair for requests in self._requests.values() for pair in requests]
+        entries = [(key if isinstance(key, tuple) else (key,), requests) for key, requests in self._requests.items()]
         try:
-            shoal.wait_all([request for request, _ in pending])
+            shoal.wait_all([request for _, requests in entries for request, _, _ in requests if request is not None])
+            for _, requests in entries:
+                for request, finish, sparse in requests:
+                    if not sparse:
+                        finish()
+            # Sparse gradients (allgathered): in one order on every rank, the parameters' names.
+            sparse = sorted(((self._parameter_names[q], finish) for params, requests in entries
+                             for q, (_, finish, is_sparse) in zip(params, requests) if is_sparse),
+                            key=lambda item: item[0])
+            for _, finish in sparse:
+                finish()
         except ShoalError as error:
             self._requests.clear()
             _raise(error)
@@ -200,14 +260,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._allreduce_delay[p] = self.backward_passes_per_step
             for g in self._group_ready:
                 self._group_ready[g] = 0
-        for key, requests in self._requests.items():
-            params = key if isinstance(key, tuple) else (key,)
-            for q, (request, postscale) in zip(params, requests):
-                grad = q.grad
-                _scale(grad, postscale)
-                result = self._compression.decompress(grad, None)
-                if result is not grad:  # shoal's compressors decompress in C: the gradient itself comes back
-                    grad.set_(result)
         self._requests.clear()
         self._synchronized = True
 
@@ -247,7 +299,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     compression picks the compressor (Compression.none, fp16, bf16, topk(...), powersgd(...),
     sketch(...)); backward_passes_per_step accumulates gradients locally; gradient_predivide_factor
     splits the averaging around the sum; num_groups/groups submit parameters in groups.
-    synchronize() and skip_synchronize() work as in Horovod."""
+    synchronize() and skip_synchronize() work as in Horovod. Sparse gradients are allgathered
+    (or, with sparse_as_dense, allreduced densely and handed back sparse); a user's Horovod-style
+    compressor runs its compress()/decompress() in Python around a plain allreduce; process_set
+    reduces over that set only (ranks outside it step on their own gradients), as in Horovod."""
     if op == Adasum:
         _op(op)  # raises: Adasum is not implemented
     _op(op)
@@ -271,8 +326,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                 seen.add(id(p))
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if process_set is not None:
-        raise NotImplementedError("process_set is not supported by shoal: gradients are reduced over all ranks")
+    if process_set is not None and not hasattr(process_set, "included"):
+        raise TypeError("process_set must be a hvd.ProcessSet, got %s" % type(process_set).__name__)
+    if process_set is not None and process_set.process_set_id is None:
+        raise ValueError("process set %s was not registered: call hvd.add_process_set() on every rank"
+                         % (process_set.ranks,))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
