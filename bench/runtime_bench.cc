@@ -18,7 +18,8 @@
 //     negotiate everything);
 //   idle rounds/s and idle CPU: negotiation rounds per second and this
 //     process's CPU (getrusage: the engine thread and UCX's, the main thread
-//     sleeps) over 1 s with nothing submitted after the steps.
+//     sleeps) over 1 s with nothing submitted after the steps. The rounds are
+//     the fewest any rank counted in its 1 s: see the end of runConfig.
 // --shrink K divides every tensor's first dimension by K (default 1: real shapes).
 #include <sys/resource.h>
 
@@ -138,10 +139,19 @@ Row runConfig(const Options& options) {
   std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(kIdleS * 1000)));
   const double idleCpuMsPerS = (processCpuS() - cpuBefore) * 1e3 / kIdleS;
   check(shoal_async_stats(comm, &idleAfter), comm, "shoal_async_stats");
-  const double idleRoundsPerS = static_cast<double>(idleAfter.cycles - idleBefore.cycles) / kIdleS;
-  // Every rank has read its count before any rank's shutdown round (destroy) can start: a rank
-  // whose window began a little later would otherwise count the first rank's shutdown as idle.
-  check(shoal_barrier(comm), comm, "shoal_barrier");
+  // The windows end with this allreduce, through the runtime like every call now: the rank whose
+  // window ends first starts its round at once, and a rank whose window ends later (its barrier
+  // above returned later, or its sleep overran on a busy CPU) joins that round inside its window
+  // and counts it, though no round ran without a reason. (This failed multiproc.netns_two_hosts'
+  // check of 0 on a loaded machine, ninth session; so would any call here, e.g. a barrier.) The
+  // fewest over the ranks is exact for that: the rank whose window ends first counts none of this
+  // call's rounds (no rank has made it before that rank reads), and none of the barrier's (they
+  // all ran before it returned on every rank), while a round that runs while every window is open
+  // counts on every rank. tests/runtime/test_async_idle.cc pins both. It also makes every rank read
+  // its count before any rank's shutdown round (destroy) can start.
+  double idleRounds = static_cast<double>(idleAfter.cycles - idleBefore.cycles);
+  check(shoal_allreduce(comm, &idleRounds, &idleRounds, 1, SHOAL_F64, SHOAL_MIN), comm, "idle rounds allreduce");
+  const double idleRoundsPerS = idleRounds / kIdleS;
   check(shoal_comm_destroy(comm), nullptr, "shoal_comm_destroy");
   return {median(times), median(negotiation), median(cycles), median(groups), idleRoundsPerS, idleCpuMsPerS, fullRounds};
 }

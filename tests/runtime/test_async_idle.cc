@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,88 @@ TEST(AsyncIdle, AnIdleRuntimeRunsNoRoundsAndUsesLittleCpu) {
                                         << " runtimes idled:" << windows;
   std::printf("[ idle CPU ] %d idle runtimes, process CPU per %.2f s window (ms):%s\n", kRanks, kWindowS,
               windows.c_str());
+}
+
+// The idle measurement of shoal-runtime-bench ("idle rounds/s", which multiproc.netns_two_hosts
+// requires to be 0): a blocking call through the runtime opens every rank's window, each rank
+// reads its rounds, sleeps, reads them again, and a blocking call through the runtime ends the
+// windows; the bench reports the fewest rounds any rank counted (an allreduce with SHOAL_MIN,
+// which is also the call that ends the windows). Returns this rank's own count and the fewest.
+struct IdleCount {
+  uint64_t own = 0;
+  double fewest = -1;
+};
+
+IdleCount idleWindow(int rank, shoal_comm_t comm, double windowS, const std::function<void()>& during = {}) {
+  IdleCount count;
+  if (!callOk(shoal_barrier(comm), comm, "rank " + std::to_string(rank) + ": the barrier that opens the window"))
+    return count;
+  const uint64_t before = asyncStats(comm).cycles;
+  const Clock::time_point end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(windowS));
+  if (during) during();
+  std::this_thread::sleep_until(end);
+  count.own = asyncStats(comm).cycles - before;
+  double rounds = static_cast<double>(count.own);
+  if (callOk(shoal_allreduce(comm, &rounds, &rounds, 1, SHOAL_F64, SHOAL_MIN), comm,
+             "rank " + std::to_string(rank) + ": the allreduce that ends the window"))
+    count.fewest = rounds;
+  return count;
+}
+
+// Why that check failed on a loaded machine (twice, ninth session): the call that ends the
+// windows starts a round on the rank whose window ends first, at once, as it must (the rank
+// submitted). A rank whose window ends later (its opening barrier returned later, or its sleep
+// overran on a busy CPU: under load, milliseconds) joins that round while its window is still
+// open and counts it, though no round ran without a reason. The bench printed rank 0's own
+// count: 1 whenever rank 0's window ended later than its peer's by more than the peer's round
+// took to reach it. Here rank 1's window ends 0.5 s late. The rank whose window ends first
+// counts none of the next call's rounds (no rank has made that call before it reads), so the
+// fewest over the ranks is exact for them, and a round that runs while every window is open
+// still counts (next test).
+TEST(AsyncIdle, AWindowThatEndsLateCountsThePeersNextCallTheFewestDoesNot) {
+  constexpr double kWindowS = 0.2, kLateS = 0.5;
+  std::vector<IdleCount> counts(2);
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(sumOf(comm, "warm", 1.0f), 2.0f);
+    counts[rank] = idleWindow(rank, comm, kWindowS + (rank == 1 ? kLateS : 0));
+  });
+  EXPECT_EQ(counts[0].own, 0u) << "rank 0's idle window (it ends first) counted " << counts[0].own << " rounds";
+  EXPECT_GE(counts[1].own, 1u) << "rank 1's window, open " << kLateS
+                               << " s after rank 0's ended, did not count the round of rank 0's allreduce "
+                                  "(an idle rank joins a peer's round within 10 ms)";
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(counts[rank].fewest, 0.0) << "rank " << rank << ": the fewest rounds over the ranks' idle windows";
+}
+
+// The fewest is not blind: a round that runs while every rank's window is open counts on every
+// rank. Rank 0 submits an allreduce 0.1 s into the windows (it starts a round at once; rank 1,
+// idle, joins it within 10 ms), rank 1 its part after its window.
+TEST(AsyncIdle, TheFewestOverTheRanksCountsARoundWhileEveryWindowIsOpen) {
+  constexpr double kWindowS = 0.5, kSubmitAtS = 0.1;
+  std::vector<IdleCount> counts(2);
+  runRanks(2, [&](int rank, shoal_comm_t comm) {
+    ASSERT_EQ(sumOf(comm, "warm", 1.0f), 2.0f);
+    float value = static_cast<float>(rank + 1);
+    shoal_tensor_t tensor = tensorOf(&value, SHOAL_F32, {1});
+    std::vector<shoal_request_t> requests(1, nullptr);
+    auto submit = [&] {
+      callOk(shoal_iallreduce(comm, "mid", &tensor, &tensor, SHOAL_SUM, nullptr, &requests[0]), comm, "mid");
+    };
+    counts[rank] = idleWindow(rank, comm, kWindowS, [&] {
+      if (rank != 0) return;
+      std::this_thread::sleep_for(std::chrono::duration<double>(kSubmitAtS));
+      submit();
+    });
+    if (rank == 1) submit();
+    ASSERT_EQ(waitAndFree(requests, 60, "mid"), 0) << "rank " << rank;
+    EXPECT_EQ(value, 3.0f) << "rank " << rank;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_GE(counts[rank].own, 1u) << "rank " << rank << " did not count the round rank 0 started in its window";
+    EXPECT_GE(counts[rank].fewest, 1.0) << "rank " << rank << ": the fewest rounds over the windows missed the round "
+                                        << "that ran while every window was open";
+  }
 }
 
 // A rank whose peers are idle starts a round when it submits; the others join
