@@ -56,7 +56,7 @@ std::string nextKeyPrefix(Store& store, const std::string& storeUrl, int rank, i
 // SHOAL_HIER_CHUNK_BYTES cuts the hierarchical allreduce into chunks, and so its tags.
 void checkRanksAgree(shoal_comm& comm) {
   std::string settings = fmt::format("{}|{}|{}|{}|{}|{}", comm.algorithm, comm.segmentBytes, comm.treeMaxBytes,
-                                     config::getInt("SHOAL_SHM_MAX_BYTES"), config::getInt("SHOAL_HIER_MIN_BYTES"),
+                                     sharedSlotBytes(comm.size), config::getInt("SHOAL_HIER_MIN_BYTES"),
                                      config::getInt("SHOAL_HIER_CHUNK_BYTES"));
   if (!agree(comm, takeSequence(comm), settings).same)
     fail(SHOAL_ERR_MISMATCH,

@@ -11,10 +11,19 @@
 
 namespace shoal {
 
+size_t sharedSlotBytes(int ranks) {
+  if (config::getString("SHOAL_SHM_MAX_BYTES") != "auto") return static_cast<size_t>(config::getInt("SHOAL_SHM_MAX_BYTES"));
+  // At 3+ ranks a piece runs as a reduce-scatter in the segment, which beat
+  // the ring over UCX up to 2 MiB (docs/benchmarks.md, "The shared slot by rank
+  // count"); at 2 ranks the one-round form loses to the ring above 256 KiB.
+  // Above 16 ranks (never measured) the segment, 2 slots per rank, stays small.
+  return ranks >= 3 && ranks <= 16 ? size_t(2) << 20 : size_t(256) << 10;
+}
+
 void attachSharedSegment(shoal_comm& comm) {
-  const long long slot = config::getInt("SHOAL_SHM_MAX_BYTES");
+  const size_t slot = sharedSlotBytes(comm.size);
   std::string whyNot;
-  comm.shm = SharedSegment::open(*comm.store, comm.keyPrefix, comm.rank, comm.size, static_cast<size_t>(slot),
+  comm.shm = SharedSegment::open(*comm.store, comm.keyPrefix, comm.rank, comm.size, slot,
                                  comm.timeoutS, &whyNot);
   comm.shmMaxBytes = comm.shm ? comm.shm->slotBytes() : 0;
   if (!comm.shm && comm.algorithm == "shm")

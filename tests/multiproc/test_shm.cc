@@ -358,13 +358,14 @@ TEST(ShmStraddle, OneRankInTheSegmentThreeOverUcx) {
 // (1000 against 1024 bytes gives segments of the same size, so without the
 // check a 1010-byte call would straddle; 0 on one rank used to leave rank 0
 // waiting for that rank's segment until the deadline.)
-void expectThresholdMismatchAtInit(const char* rankOneValue) {
+void expectThresholdMismatchAtInit(const char* rankOneValue, const char* othersValue = nullptr) {
   Job job;
   job.size = 3;
   job.timeoutS = 30;
   job.rankEnv = [=](int rank) {
     std::vector<std::pair<std::string, std::string>> env;
     if (rank == 1) env.emplace_back("SHOAL_SHM_MAX_BYTES", rankOneValue);
+    if (rank != 1 && othersValue) env.emplace_back("SHOAL_SHM_MAX_BYTES", othersValue);
     return env;
   };
   auto begin = Clock::now();
@@ -384,6 +385,36 @@ void expectThresholdMismatchAtInit(const char* rankOneValue) {
 TEST(ShmStraddle, ThresholdDiffersByLessThanTheSegmentsRounding) { expectThresholdMismatchAtInit("1000"); }
 
 TEST(ShmStraddle, ThresholdZeroOnOneRank) { expectThresholdMismatchAtInit("0"); }
+
+// The default, auto, stands for a size chosen by the rank count (2 MiB at 3
+// ranks); the check compares sizes, so auto on one rank and the same size
+// spelled out on the others agree, and a 1 MiB allreduce runs exact.
+TEST(ShmStraddle, AutoAgreesWithTheSizeItStandsFor) {
+  Job job;
+  job.size = 3;
+  job.timeoutS = 30;
+  job.rankEnv = [](int rank) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"SHOAL_SHM_MAX_BYTES", rank == 1 ? "auto" : "2097152"}};
+  };
+  auto results = runJob(job, [](int rank, shoal_comm_t comm, std::ostream& out) {
+    std::vector<float> data(1 << 18, static_cast<float>(rank + 1));
+    if (shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM) != SHOAL_OK) {
+      out << "allreduce failed: " << shoal_last_error(comm) << "\n";
+      return 1;
+    }
+    for (float value : data)
+      if (value != 6.0f) {
+        out << "wrong sum " << value << "\n";
+        return 1;
+      }
+    return 0;
+  });
+  for (const RankResult& result : results) EXPECT_EQ(result.exitCode, 0) << describe(results);
+}
+
+// ...and auto at 3 ranks is not 256 KiB: MISMATCH at init, naming the variable.
+TEST(ShmStraddle, AutoAtThreeRanksIsNotTheTwoRankSize) { expectThresholdMismatchAtInit("262144", "auto"); }
 
 // A rank SIGKILLed in the middle of a run of small allreduces: the others
 // fail within a fraction of the deadline, naming a dead or aborting rank.

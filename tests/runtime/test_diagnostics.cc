@@ -90,6 +90,41 @@ TEST(LogLevels, InfoOncePerCommunicatorDebugOncePerCall) {
   EXPECT_EQ(countMatches(err, "peer \\d via ucx shared memory"), 4) << err;
 }
 
+// SHOAL_SHM_MAX_BYTES=auto (the default) sizes the shared slot by the rank
+// count: 256 KiB at 2 ranks, 2 MiB at 3 and more (the segment's reduce-scatter
+// form beats the ring there). A 1 MiB allreduce then takes the segment at 3
+// ranks, exact, and the ring at 2; an explicit value still wins.
+void oneMebibyteAllreduce(int rank, shoal_comm_t comm) {
+  std::vector<float> values(1 << 18, static_cast<float>(rank + 1));
+  ASSERT_TRUE(callOk(shoal_allreduce(comm, values.data(), values.data(), values.size(), SHOAL_F32, SHOAL_SUM), comm,
+                     "1 MiB allreduce"));
+  int size = 0;
+  ASSERT_EQ(shoal_comm_size(comm, &size), SHOAL_OK);
+  const float expected = static_cast<float>(size * (size + 1) / 2);
+  for (float value : values) ASSERT_EQ(value, expected);
+}
+
+std::string logOf(int ranks, const char* shmMaxBytes) {
+  ScopedEnv env{{"SHOAL_SHM_MAX_BYTES", shmMaxBytes}};
+  testing::internal::CaptureStderr();
+  runRanks(ranks, oneMebibyteAllreduce);
+  return testing::internal::GetCapturedStderr();
+}
+
+TEST(SharedSlot, AutoSizesTheSlotByRankCount) {
+  ASSERT_TRUE(kDebugLogging);
+  const std::string done = "shoal_allreduce done: 1048576 bytes, algorithm ";
+  std::string err = logOf(3, "auto");
+  EXPECT_EQ(countMatches(err, "shared memory up to 2097152 bytes \\(SHOAL_SHM_MAX_BYTES\\)"), 3) << err;
+  EXPECT_EQ(countMatches(err, done + "shm,"), 3) << err;
+  err = logOf(2, "auto");
+  EXPECT_EQ(countMatches(err, "shared memory up to 262144 bytes \\(SHOAL_SHM_MAX_BYTES\\)"), 2) << err;
+  EXPECT_EQ(countMatches(err, done + "ring,"), 2) << err;
+  err = logOf(3, "262144");
+  EXPECT_EQ(countMatches(err, "shared memory up to 262144 bytes \\(SHOAL_SHM_MAX_BYTES\\)"), 3) << err;
+  EXPECT_EQ(countMatches(err, done + "ring,"), 3) << err;
+}
+
 TEST(LogLevels, DebugOneLinePerAsyncRequest) {
   testing::internal::CaptureStderr();
   runRanks(2, [](int rank, shoal_comm_t comm) {
