@@ -27,13 +27,60 @@ BEGIN, END = "<!-- bench/train: begin -->", "<!-- bench/train: end -->"
 METRIC = {"digits_mlp": "accuracy", "pufferfish_cnn": "accuracy", "embeddings": "hit_rate"}
 # The fidelity goal of each configuration: the largest allowed loss against dense, in points.
 GOAL_POINTS = {"shoal-fp16": 0.5, "shoal-bf16": 0.5, "shoal-topk": 0.5, "shoal-powersgd": 0.5,
-               "ddp-none": 0.5, "ddp-fp16": 0.5, "pufferfish": 1.0, "powerfish": 1.0}
+               "ddp-none": 0.5, "ddp-fp16": 0.5, "pufferfish": 1.0, "pufferfish-fused": 1.0,
+               "powerfish": 1.0}
 ORDER = ["shoal-none", "shoal-fp16", "shoal-bf16", "shoal-topk", "shoal-powersgd", "shoal-sketch", "pufferfish",
-         "powerfish", "ddp-none", "ddp-fp16", "ddp-powersgd", "local"]
+         "pufferfish-fused", "powerfish", "ddp-none", "ddp-fp16", "ddp-powersgd", "local", "local-factorized"]
+# pufferfish_cnn.py's configurations whose step changes mid-run: full rank for the warm-up epochs,
+# then factorized. Each maps to the full-rank speed configuration of its warm-up's compressor; its
+# own speed run is factorized from the first step (run.sh: --warmup-frac 0), and its step is held
+# against the factorized step on one rank (local-factorized) rather than the full-rank one (local).
+TWO_PHASE = {"pufferfish": "shoal-none", "pufferfish-fused": "shoal-none", "powerfish": "shoal-powersgd"}
+LOCALS = ("local", "local-factorized")
 
 
 def order_key(name):
     return ORDER.index(name) if name in ORDER else len(ORDER)
+
+
+def is_shoal(name):
+    """A configuration trained through shoal (the ones judged against the DDP peers)."""
+    return name.startswith("shoal") or name in TWO_PHASE
+
+
+def local_of(name):
+    """The no-communication run that configuration name's step is held against."""
+    return "local-factorized" if name in TWO_PHASE else "local"
+
+
+def tta_s(fid, name, steps):
+    """The derived seconds to dense's accuracy of configuration name, or None: fid is the task's
+    fidelity summary, steps {configuration: step ms} of one run (or one repeat). A single-step
+    configuration: epochs to dense's accuracy x steps per epoch x its step. A two-phase one
+    (TWO_PHASE): the epochs of it that fall in the full-rank warm-up x steps per epoch x the warm-up
+    compressor's full-rank step, plus the epochs after it x steps per epoch x its factorized step."""
+    entry = fid.get(name)
+    if not entry or entry.get("epochs_to_target") is None:
+        return None
+    per_epoch, own = entry["steps_per_epoch"], steps.get(name)
+    if name not in TWO_PHASE:
+        return entry["epochs_to_target"] * per_epoch * own / 1e3 if own else None
+    warm, after = entry.get("warmup_epochs_to_target"), entry.get("factorized_epochs_to_target")
+    full = steps.get(TWO_PHASE[name])
+    if warm is None or after is None or not own or not full:
+        return None
+    return (warm * per_epoch * full + after * per_epoch * own) / 1e3
+
+
+def split_epochs(firsts, warmups):
+    """{seed: first epoch at dense's accuracy} and {seed: warm-up epochs} -> the mean over seeds of
+    the epochs spent full rank, min(first, warm-up), and of those after it, max(0, first - warm-up);
+    (None, None) without a warm-up count for every seed."""
+    if not firsts or any(warmups.get(seed) is None for seed in firsts):
+        return None, None
+    full = [min(first, warmups[seed]) for seed, first in firsts.items()]
+    after = [max(0, first - warmups[seed]) for seed, first in firsts.items()]
+    return sum(full) / len(full), sum(after) / len(after)
 
 
 def mean_sd(values):
@@ -142,43 +189,81 @@ def fidelity_tables(out):
                     goal, met = "", ""
             reach = epochs_to(ok, metric, dense_ok)
             steps = [r["step_ms_median"] for r in ok.values()]
+            steps_per_epoch = [r["steps"] / len(r["epochs"]) for r in ok.values()]
+            entry = {"epochs_to_target": reach[1], "steps_per_epoch": mean_sd(steps_per_epoch)[0], "mean": m,
+                     "reach": reach[0]}
+            reached = reach[0]
+            if name in TWO_PHASE:
+                full, after = split_epochs(reach[2], {s: r.get("warmup_epochs") for s, r in ok.items()})
+                entry.update(warmup_epochs_to_target=full, factorized_epochs_to_target=after)
+                if full is not None:
+                    reached += " (%.1f full rank + %.1f factorized)" % (full, after)
             row = "| %s | %d%s | %.4f ± %.4f | %s | %s | %s | %s | %s | %.1f |" % (
                 name, len(ok), (" (%d failed)" % len(failed)) if failed else "", m, sd, against, goal, met,
-                "yes" if identical else "no", reach[0], mean_sd(steps)[0])
+                "yes" if identical else "no", reached, mean_sd(steps)[0])
             text.append(row)
-            steps_per_epoch = [r["steps"] / len(r["epochs"]) for r in ok.values()]
-            summary[task][name] = {"epochs_to_target": reach[1], "steps_per_epoch": mean_sd(steps_per_epoch)[0],
-                                   "mean": m}
+            summary[task][name] = entry
         if target is not None:
             text.append("\n\"Epochs to dense's accuracy\": the first epoch whose test %s reaches the final %s of "
                         "dense with the same seed less half a point, mean over seeds; \"not reached\" where some "
                         "seed never does. Dense's final mean: %.4f." % (metric, metric, target))
+            if any(name in TWO_PHASE for name in by_config):
+                text.append("For %s: of those epochs, the mean over seeds of the ones trained full rank (the "
+                            "first epoch at dense's accuracy, or the warm-up's epochs where it comes later) and "
+                            "of the ones after the factorization." % ", ".join(
+                                n for n in sorted(by_config, key=order_key) if n in TWO_PHASE))
     return text, summary
 
 
 def epochs_to(runs, metric, dense):
-    """Mean over seeds of the first epoch whose metric reaches the same seed's dense final metric
-    less half a point; "not reached" when some seed never gets there."""
+    """(text, mean, {seed: epoch}): the mean over seeds of the first epoch whose metric reaches the
+    same seed's dense final metric less half a point, and each seed's; "not reached" (None, None)
+    when some seed never gets there."""
     if not dense:
-        return "—", None
-    firsts = []
+        return "—", None, None
+    firsts = {}
     for seed, r in runs.items():
         if seed not in dense:
             continue
         target = dense[seed][metric] - 0.005
         hit = [e["epoch"] for e in r["epochs"] if e[metric] >= target]
         if not hit:
-            return "not reached", None
-        firsts.append(hit[0])
+            return "not reached", None, None
+        firsts[seed] = hit[0]
     if not firsts:
-        return "—", None
-    m = sum(firsts) / len(firsts)
-    return "%.1f" % m, m
+        return "—", None, None
+    m = sum(firsts.values()) / len(firsts)
+    return "%.1f" % m, m, firsts
+
+
+def no_comm_text(entry):
+    """'8.0 ms (CPU 10.0 ms)' for a no-communication run, or 'not measured'."""
+    if not entry or "failed" in entry:
+        return "not measured"
+    cpu = entry.get("cpu_ms_per_step")
+    return "%.1f ms" % entry["step_ms_median"] + (" (CPU %.1f ms)" % cpu if cpu is not None else "")
+
+
+def two_phase_note(names):
+    """How the derived time to dense's accuracy of the two-phase configurations among names is made."""
+    shown = [n for n in sorted(names, key=order_key) if n in TWO_PHASE]
+    if not shown:
+        return []
+    return ["\n%s train full rank for the warm-up epochs, then factorized; each speed run of theirs is "
+            "factorized from the first step (`--warmup-frac 0`), so its step, and every per-step ratio of it, "
+            "is the factorized step's, held against the factorized step on one rank (local-factorized). "
+            "Their time to dense's accuracy (derived) = (their epochs to it that fall in the warm-up, from the "
+            "fidelity runs) × steps per epoch × the full-rank step of the warm-up's compressor (%s) + (their "
+            "remaining epochs to it) × steps per epoch × their own factorized step, both steps from the same "
+            "run%s; \"not derived\" where the fidelity runs give no epochs (some seed never reached dense's "
+            "accuracy) or either step is missing.\n" % (
+                ", ".join(shown), "; ".join("%s: %s" % (n, TWO_PHASE[n]) for n in shown),
+                " (with --repeats: the same repeat)")]
 
 
 def speed_tables(out, summary, hosts):
     text, targets = [], []
-    local = {os.path.basename(d): load(os.path.join(d, "*.log")).get("local")
+    local = {os.path.basename(d): load(os.path.join(d, "*.log"))
              for d in glob.glob(os.path.join(out, "speed", "local", "*"))}
     rates = sorted((os.path.basename(d) for d in glob.glob(os.path.join(out, "speed", "*"))
                     if os.path.isdir(d) and os.path.basename(d) != "local"), key=rate_bits, reverse=True)
@@ -189,22 +274,25 @@ def speed_tables(out, summary, hosts):
             text += more_text
             targets += more_targets
             continue
-        limit = local.get(task)
-        limit_ms = limit["step_ms_median"] if limit and "failed" not in limit else None
+        limits = {n: e["step_ms_median"] for n, e in local.get(task, {}).items() if "failed" not in e}
         text.append("\n### %s: time per step (%d hosts, one rank each)\n" % (task, hosts))
-        limit_cpu = limit.get("cpu_ms_per_step") if limit_ms else None
-        text.append("No communication (the same step on one rank): %s.\n" % (
-            ("%.1f ms" % limit_ms + (" (CPU %.1f ms)" % limit_cpu if limit_cpu is not None else ""))
-            if limit_ms else "not measured"))
+        text.append("No communication (the same step on one rank): %s.\n" % no_comm_text(local.get(task, {}).get(
+            "local")))
+        if "local-factorized" in local.get(task, {}):
+            text.append("No communication, the factorized step (local-factorized): %s.\n" % no_comm_text(
+                local[task]["local-factorized"]))
         text.append("| link | configuration | step (ms, median) | mean | rank 0's CPU per step (ms) | DDP dense / this "
                     "| this / no-communication | sent per step per host (MB) | wire time at the rate (ms) "
                     "| time to dense's accuracy (s, derived) | result |")
         text.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        fid = summary.get(task, {})
+        seen = set()
         for rate in rates:
             runs = load(os.path.join(out, "speed", rate, task, "*.log"))
-            ddp = runs.get("ddp-none", {})
-            ddp_ms = ddp.get("step_ms_median")
-            best = None
+            seen.update(runs)
+            steps = {n: r["step_ms_median"] for n, r in runs.items() if "failed" not in r}
+            ddp_ms = steps.get("ddp-none")
+            best_tta = best_limit = None
             for name in sorted(runs, key=order_key):
                 r = runs[name]
                 if "failed" in r:
@@ -214,10 +302,8 @@ def speed_tables(out, summary, hosts):
                 sent = wire_bytes(os.path.join(out, "speed", rate, task, name + ".wire"))
                 per_step = sent / r["steps"] if sent is not None else None
                 ms = r["step_ms_median"]
-                fid = summary.get(task, {}).get(name)
-                tta = None
-                if fid and fid["epochs_to_target"] is not None:
-                    tta = fid["epochs_to_target"] * fid["steps_per_epoch"] * ms / 1e3
+                limit_ms = limits.get(local_of(name))
+                tta = tta_s(fid, name, steps)
                 cpu = r.get("cpu_ms_per_step")  # absent in results from before it was recorded
                 text.append("| %s | %s | %.1f | %.1f | %s | %s | %s | %s | %s | %s | ok |" % (
                     rate, name, ms, r["step_ms_mean"], "%.1f" % cpu if cpu is not None else "—",
@@ -226,9 +312,14 @@ def speed_tables(out, summary, hosts):
                     "%.2f" % (per_step / 1e6) if per_step is not None else "—",
                     "%.1f" % (per_step * 8 / rate_bits(rate) * 1e3) if per_step is not None and rate_bits(rate) else "—",
                     "%.1f" % tta if tta else "—"))
-                if name.startswith("shoal") and (best is None or ms < best[1]):
-                    best = (name, ms, tta)
-            targets += speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary)
+                if not is_shoal(name):
+                    continue
+                if tta and (best_tta is None or tta < best_tta[1]):
+                    best_tta = (name, tta)
+                if limit_ms and (best_limit is None or ms / limit_ms < best_limit[1]):
+                    best_limit = (name, ms / limit_ms)
+            targets += speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, tta_s(fid, "ddp-none", steps))
+        text += two_phase_note(seen)
     return text, targets
 
 
@@ -346,32 +437,44 @@ def runs_text(entries, names):
     return "; ".join(["%d of %d ok" % (good, len(entries))] + bad).replace("|", "/")
 
 
-def tta_factor(summary, task, name, peer):
-    """(peer's epochs × steps per epoch) / (name's) from the fidelity summary: times the paired
-    step ratio peer / name it is the ratio of the two times to dense's accuracy. None without both."""
-    fid = summary.get(task, {})
-    a, b = fid.get(peer), fid.get(name)
-    if not a or not b or a.get("epochs_to_target") is None or b.get("epochs_to_target") is None:
-        return None
-    return (a["epochs_to_target"] * a["steps_per_epoch"]) / (b["epochs_to_target"] * b["steps_per_epoch"])
+def underivable(fid, *configs):
+    """Why the fidelity summary fid gives no time to dense's accuracy for some of configs, or ""."""
+    hint = " (run.sh --fidelity, or report.py --fidelity-from / --epochs-to-target)"
+    missing = [n for n in configs if n not in fid]
+    if missing:
+        return "no fidelity runs of %s%s" % (" or ".join(missing), hint)
+    for name in configs:
+        entry = fid[name]
+        if entry.get("epochs_to_target") is None:
+            return "no epochs to dense's accuracy for %s (%s in the fidelity runs)%s" % (
+                name, entry.get("reach", "none"), hint)
+        if name in TWO_PHASE and entry.get("warmup_epochs_to_target") is None:
+            return "%s's fidelity runs do not say how many epochs were the warm-up (warmup_epochs)" % name
+    return ""
 
 
 def repeat_task_tables(out, task, rates, summary, hosts):
     """The speed tables and targets of one task whose results are in the repeats layout."""
     text, targets, expected = [], [], expected_repeats(out)
-    ratio_rows = []
+    ratio_rows, seen = [], set()
     for rate in rates:
         task_dir = os.path.join(out, "speed", rate, task)
         if not repeat_dirs(task_dir):
             continue
         names, table = load_repeats(task_dir, expected)
-        local = table.pop("local", [{"missing": "no local run"}] * len(names))
-        local_ms = [step_ms(e) for e in local]
-        ddp_ms = [step_ms(e) for e in table.get("ddp-none", [])] or [None] * len(names)
         text.append("\n### %s: time per step at %s (%d hosts, one rank each; %d repeats, configurations "
                     "interleaved)\n" % (task, rate, hosts, len(names)))
-        text.append("No communication (the same step on one rank, in every repeat): %s ms (each repeat: %s; %s).\n"
-                    % (show(spread(local_ms)), each(local_ms), runs_text(local, names)))
+        locals_ms = {}
+        for kind in LOCALS:  # local-factorized only where it was run (pufferfish_cnn)
+            if kind != "local" and kind not in table:
+                continue
+            local = table.pop(kind, [{"missing": "no local run"}] * len(names))
+            locals_ms[kind] = [step_ms(e) for e in local]
+            text.append("No communication (the same step on one rank, in every repeat%s): %s ms (each repeat: %s; "
+                        "%s).\n" % ("" if kind == "local" else "; the factorized step, %s" % kind,
+                                    show(spread(locals_ms[kind])), each(locals_ms[kind]), runs_text(local, names)))
+        none = [None] * len(names)
+        ddp_ms = [step_ms(e) for e in table.get("ddp-none", [])] or none
         text.append("Medians over the repeats, [range]; ratios paired within each repeat, then their median "
                     "[range].\n")
         text.append("| configuration | step (ms) | each repeat (ms) | rank 0's CPU per step (ms) | DDP dense / this "
@@ -386,36 +489,43 @@ def repeat_task_tables(out, task, rates, summary, hosts):
                 sent.append(b / e["steps"] / 1e6 if b is not None else None)
             text.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 name, show(spread(steps)), each(steps), show(spread(cpu)),
-                show(spread(paired(ddp_ms, steps)), "%.2f", "×"), show(spread(paired(steps, local_ms)), "%.2f", "×"),
+                show(spread(paired(ddp_ms, steps)), "%.2f", "×"),
+                show(spread(paired(steps, locals_ms.get(local_of(name), none))), "%.2f", "×"),
                 show(spread(sent), "%.2f"), runs_text(entries, names)))
         # Each shoal configuration against each DDP peer, per step, and against DDP dense to dense's accuracy.
-        shoal_names = [n for n in table if n.startswith("shoal")]
+        fid = summary.get(task, {})
+        by_repeat = [{n: step_ms(entries[k]) for n, entries in table.items()} for k in range(len(names))]
         best_tta = best_limit = None
-        for name in shoal_names:
+        for name in [n for n in table if is_shoal(n)]:
             steps = [step_ms(e) for e in table[name]]
             for peer in DDP_PEERS:
                 if peer not in table:
                     continue
                 peer_steps = [step_ms(e) for e in table[peer]]
                 ratios = paired(peer_steps, steps)
-                ratio_rows.append((rate, name, "%s, per step" % peer, ratios, pairs_text(ratios, names, table, name,
-                                                                                         peer)))
-                factor = tta_factor(summary, task, name, peer)
-                if factor is None and peer == "ddp-none" and task != "embeddings":
+                ratio_rows.append((rate, name, "%s, per step%s" % (peer, " (this: factorized)" if name in TWO_PHASE
+                                                                      else ""),
+                                   ratios, pairs_text(ratios, names, table, name, peer)))
+                why = underivable(fid, name, peer)
+                if why and peer == "ddp-none" and task != "embeddings":
                     ratio_rows.append((rate, name, "ddp-none, time to dense's accuracy (derived)", None,
-                                       "not derived: no fidelity epochs for both (run.sh --fidelity, or "
-                                       "report.py --fidelity-from / --epochs-to-target)"))
-                if factor is not None:
-                    tta = paired(peer_steps, steps, factor)
+                                       "not derived: " + why))
+                if not why:
+                    tta = []
+                    for at in by_repeat:
+                        a, b = tta_s(fid, peer, at), tta_s(fid, name, at)
+                        tta.append(a / b if a and b else None)
+                    more = [TWO_PHASE[name]] if name in TWO_PHASE and TWO_PHASE[name] in table else []
                     ratio_rows.append((rate, name, "%s, time to dense's accuracy (derived)" % peer, tta,
-                                       pairs_text(tta, names, table, name, peer)))
+                                       pairs_text(tta, names, table, name, peer, *more)))
                     s = spread(tta)
                     if peer == "ddp-none" and s and (best_tta is None or s["median"] > best_tta[1]["median"]):
                         best_tta = (name, s)
-            s = spread(paired(steps, local_ms))
+            s = spread(paired(steps, locals_ms.get(local_of(name), none)))
             if s and (best_limit is None or s["median"] < best_limit[1]["median"]):
                 best_limit = (name, s)
         targets += repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, len(names))
+        seen.update(table)
     if ratio_rows:
         text.append("\n### %s: paired ratios against the DDP peers\n" % task)
         text.append("Each ratio is the peer's step (or time to dense's accuracy) over the shoal configuration's, "
@@ -428,16 +538,18 @@ def repeat_task_tables(out, task, rates, summary, hosts):
             else:
                 text.append("| %s | %s | %s | %s | %s | %s |" % (rate, name, against, each(ratios, "%.2f"),
                                                                  show(spread(ratios), "%.2f", "×"), pairs))
+    text += two_phase_note(seen)
     return text, targets
 
 
-def pairs_text(ratios, names, table, name, peer):
-    """'3 of 3', then for each repeat without a pair which of the two runs lacks a result."""
+def pairs_text(ratios, names, table, name, peer, *more):
+    """'3 of 3', then for each repeat without a pair which of the runs (the two; more: others the
+    value needs) lacks a result."""
     have = sum(1 for r in ratios if r is not None)
     lacking = []
-    for k, (r, a, b) in enumerate(zip(ratios, table[name], table[peer])):
+    for k, r in enumerate(ratios):
         if r is None:
-            why = ["%s %s" % (n, status(e)) for n, e in ((name, a), (peer, b)) if not ok(e)]
+            why = ["%s %s" % (n, status(table[n][k])) for n in (name, peer) + more if not ok(table[n][k])]
             lacking.append((names[k], ", ".join(why) or "no value"))
     return "; ".join(["%d of %d" % (have, len(ratios))] + grouped(lacking)).replace("|", "/")
 
@@ -470,7 +582,9 @@ def repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, repeats):
     return rows
 
 
-def speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary):
+def speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, ddp_tta):
+    """The issue's speed goals from single runs: best_tta (configuration, derived seconds to dense's
+    accuracy) and best_limit (configuration, step / its no-communication step) among shoal's."""
     rows = []
     if task == "embeddings":
         sketch = runs.get("shoal-sketch", {})
@@ -480,17 +594,13 @@ def speed_targets(task, rate, runs, best, ddp_ms, limit_ms, summary):
                          "yes" if x >= 3.74 else "no"))
         else:
             rows.append(("embeddings, %s: sketch ≥ 3.74× faster per step than DDP dense" % rate, "not measured", ""))
-    else:
-        ddp_fid = summary.get(task, {}).get("ddp-none")
-        if best and best[2] and ddp_ms and ddp_fid and ddp_fid["epochs_to_target"]:
-            ddp_tta = ddp_fid["epochs_to_target"] * ddp_fid["steps_per_epoch"] * ddp_ms / 1e3
-            x = ddp_tta / best[2]
-            rows.append(("%s, %s: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner than DDP dense"
-                         % (task, rate), "%s: %.2f× (derived)" % (best[0], x), "yes" if x >= 1.64 else "no"))
-    if rate.lower() == "1gbit" and best and limit_ms:
-        x = best[1] / limit_ms
+    elif best_tta and ddp_tta:
+        x = ddp_tta / best_tta[1]
+        rows.append(("%s, %s: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner than DDP dense"
+                     % (task, rate), "%s: %.2f× (derived)" % (best_tta[0], x), "yes" if x >= 1.64 else "no"))
+    if rate.lower() == "1gbit" and best_limit:
         rows.append(("%s, 1gbit: best shoal step within 1.25× of no communication" % task,
-                     "%s: %.2f×" % (best[0], x), "yes" if x <= 1.25 else "no"))
+                     "%s: %.2f×" % best_limit, "yes" if best_limit[1] <= 1.25 else "no"))
     return rows
 
 
@@ -559,14 +669,25 @@ def add_epochs(summary, fidelity_from, spec):
             sources.append("the fidelity runs in %s" % fidelity_from)
     given = [item.strip() for item in spec.split(",") if item.strip()]
     for item in given:
-        m = re.match(r"^([\w-]+)/([\w-]+)=([0-9.]+)$", item)
+        m = re.match(r"^([\w-]+)/([\w-]+)=([0-9.]+)(?::([0-9.]+))?$", item)
         if not m:
-            raise SystemExit("report.py: --epochs-to-target takes task/config=epochs items, not %r" % item)
+            raise SystemExit("report.py: --epochs-to-target takes task/config=epochs items (a two-phase "
+                             "configuration, %s: task/config=epochs:warm-up epochs), not %r"
+                             % ("/".join(TWO_PHASE), item))
         task, name, epochs = m.group(1), m.group(2), float(m.group(3))
+        if name in TWO_PHASE and m.group(4) is None:
+            raise SystemExit("report.py: --epochs-to-target %s: %s trains full rank for its warm-up, then "
+                             "factorized; give the warm-up's epochs too, as %s/%s=%g:W (pufferfish_cnn.py's "
+                             "default: 2 of 8 epochs)" % (item, name, task, name, epochs))
         configs = summary.setdefault(task, {})
         known = [e["steps_per_epoch"] for e in configs.values() if e.get("steps_per_epoch")]
         entry = configs.setdefault(name, {"steps_per_epoch": known[0] if known else 1.0, "mean": None})
         entry["epochs_to_target"] = epochs
+        entry["reach"] = "%g, given" % epochs
+        if name in TWO_PHASE:  # the mean's split, as the runs' per-seed split cannot be had from it
+            warmup = float(m.group(4))
+            entry["warmup_epochs_to_target"] = min(epochs, warmup)
+            entry["factorized_epochs_to_target"] = max(0.0, epochs - warmup)
     if given:
         sources.append("--epochs-to-target %s" % spec)
     return " and ".join(sources)

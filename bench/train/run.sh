@@ -12,15 +12,22 @@
 # configuration and --seeds seeds (0, 1, ...), the full training run; rank 0's JSON result per
 # run. The report compares each compressor's final metric with dense's on the same seeds.
 #   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch; DDP gloo dense and + fp16 hook
-#   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), powerfish (PowerSGD
-#                   during the warm-up, then factorized), powersgd (full rank)
+#   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), pufferfish-fused (the
+#                   same, its factorized gradients in one fused allreduce, as Pufferfish sends them),
+#                   powerfish (PowerSGD during the warm-up, then factorized), powersgd (full rank);
+#                   DDP gloo dense and + fp16 hook (full rank: their epochs to dense's accuracy)
 #   embeddings      shoal none, fp16, bf16, topk, powersgd, sketch (50,000 training interactions)
 #
 # Speed (the emulated cluster of bench/netns, one rank per host namespace, --hosts hosts, each
 # link limited to every rate of --rates): the same model, data, batch and seed for each of shoal
 # with every compressor, DDP gloo dense, DDP + fp16_compress_hook and DDP + powerSGD_hook, each
 # for --speed-steps steps (time per step, first 3 steps left out), and the same step on one rank
-# without communication (the limit). bench/netns/wire.sh counts the bytes each host's interface
+# without communication (the limit). pufferfish_cnn's step changes mid-run, so its speed runs time
+# each step on its own: shoal none and powersgd and the DDP peers full rank (--warmup-frac 1), and
+# pufferfish, pufferfish-fused and powerfish factorized from the first step (--warmup-frac 0), with
+# a second no-communication run of the factorized step (local-factorized); report.py puts the
+# warm-up's full-rank step and the factorized step together for the time to dense's accuracy.
+# bench/netns/wire.sh counts the bytes each host's interface
 # sent meanwhile (<config>.wire). --bind binds each rank to its own share of the CPUs
 # (bench/train/bind.sh, as shoalrun --bind-to cores does on one host; bench/netns/run.sh leaves
 # the ranks unbound). A run that fails is recorded with its error. Needs root
@@ -134,18 +141,37 @@ configs_fidelity() {
       "ddp-none:--backend ddp --ddp-hook none" "ddp-fp16:--backend ddp --ddp-hook fp16" ;;
     pufferfish_cnn) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
       "pufferfish:--compression none --warmup-frac 0.25" \
+      "pufferfish-fused:--compression none --warmup-frac 0.25 --fused" \
       "powerfish:--compression powersgd --after-compression none --warmup-frac 0.25" \
-      "shoal-powersgd:--compression powersgd --warmup-frac 1" ;;
+      "shoal-powersgd:--compression powersgd --warmup-frac 1" \
+      "ddp-none:--backend ddp --ddp-hook none --warmup-frac 1" "ddp-fp16:--backend ddp --ddp-hook fp16 --warmup-frac 1" ;;
     embeddings) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" \
       "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
       "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" ;;
   esac
 }
 configs_speed() {
-  printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" "shoal-bf16:--compression bf16" \
-    "shoal-topk:--compression topk --topk-ratio 0.01" "shoal-powersgd:--compression powersgd --powersgd-rank 4" \
-    "shoal-sketch:--compression sketch" "ddp-none:--backend ddp --ddp-hook none" \
-    "ddp-fp16:--backend ddp --ddp-hook fp16" "ddp-powersgd:--backend ddp --ddp-hook powersgd"
+  case "$1" in
+    # The configurations of its fidelity runs, each phase's step on its own: full rank throughout
+    # (--warmup-frac 1), or factorized from the first step (--warmup-frac 0); powerfish's
+    # factorized phase runs with --after-compression none, as in its fidelity runs.
+    pufferfish_cnn) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
+      "shoal-powersgd:--compression powersgd --powersgd-rank 4 --warmup-frac 1" \
+      "pufferfish:--compression none --warmup-frac 0" "pufferfish-fused:--compression none --warmup-frac 0 --fused" \
+      "powerfish:--compression powersgd --after-compression none --warmup-frac 0" \
+      "ddp-none:--backend ddp --ddp-hook none --warmup-frac 1" "ddp-fp16:--backend ddp --ddp-hook fp16 --warmup-frac 1" \
+      "ddp-powersgd:--backend ddp --ddp-hook powersgd --warmup-frac 1" ;;
+    *) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" "shoal-bf16:--compression bf16" \
+      "shoal-topk:--compression topk --topk-ratio 0.01" "shoal-powersgd:--compression powersgd --powersgd-rank 4" \
+      "shoal-sketch:--compression sketch" "ddp-none:--backend ddp --ddp-hook none" \
+      "ddp-fp16:--backend ddp --ddp-hook fp16" "ddp-powersgd:--backend ddp --ddp-hook powersgd" ;;
+  esac
+}
+configs_local() {  # the no-communication runs of a task's speed phase, "name:arguments"
+  case "$1" in
+    pufferfish_cnn) printf '%s\n' "local:--warmup-frac 1" "local-factorized:--warmup-frac 0" ;;
+    *) echo "local:" ;;
+  esac
 }
 task_args() {  # arguments every run of a task gets
   case "$1" in
@@ -189,8 +215,6 @@ if ((speed)); then
     machine "speed start"
     bind_prefix=()
     ((bind)) && bind_prefix=("$here/bind.sh")
-    speed_tasks=""
-    for task in $tasks; do [[ $task == pufferfish_cnn ]] || speed_tasks+=" $task"; done
     # speed_run JSON TASK ARGS: one configuration on the emulated cluster, its wire bytes beside it.
     speed_run() {
       local json=$1 task=$2 args=$3
@@ -200,16 +224,18 @@ if ((speed)); then
         "$repo/bench/netns/run.sh" --name "$cluster" --timeout-s "$speed_timeout" "${bind_prefix[@]}" "$PYTHON" \
         "$repo/examples/train/$task.py" $(task_args "$task") $args --epochs 1 --max-steps "$speed_steps"
     }
-    # local_run JSON TASK: the limit, the same step on one rank without communication.
+    # local_run JSON TASK ARGS: the limit, the same step on one rank without communication.
     local_run() {
       # shellcheck disable=SC2086
-      RUN_TIMEOUT=$speed_timeout run "$1" "$PYTHON" "$repo/examples/train/$2.py" $(task_args "$2") \
+      RUN_TIMEOUT=$speed_timeout run "$1" "$PYTHON" "$repo/examples/train/$2.py" $(task_args "$2") $3 \
         --backend local --epochs 1 --max-steps "$speed_steps"
     }
     if ((repeats == 1)); then  # the single-run layout: speed/local/<task>/, speed/<rate>/<task>/
-      for task in $speed_tasks; do
+      for task in $tasks; do
         mkdir -p "$out/speed/local/$task"
-        local_run "$out/speed/local/$task/local.json" "$task"
+        while IFS=: read -r name args; do
+          local_run "$out/speed/local/$task/$name.json" "$task" "$args"
+        done < <(configs_local "$task")
       done
     else
       mkdir -p "$out/speed" && echo "$repeats" > "$out/speed/repeats"
@@ -222,23 +248,25 @@ if ((speed)); then
       # once, in order, before repeat k+1 starts (A B C ... A B C ...): slow and fast spells of the
       # shared machine fall on every configuration alike, and report.py pairs within a repeat.
       for ((k = 1; k <= repeats; k++)); do
-        for task in $speed_tasks; do
+        for task in $tasks; do
           dir="$out/speed/$rate/$task"
           ((repeats > 1)) && dir+="/repeat-$k"
           mkdir -p "$dir"
           if ((repeats > 1)); then
-            configs_speed | cut -d: -f1 | while read -r name; do
+            configs_speed "$task" | cut -d: -f1 | while read -r name; do
               [[ -z $only || $only == *",$name,"* ]] && echo "$name"
             done > "$dir/planned"
-            echo local >> "$dir/planned"
-            echo "speed $rate repeat $k/$repeats $task local" >&2
-            local_run "$dir/local.json" "$task"
+            configs_local "$task" | cut -d: -f1 >> "$dir/planned"
+            while IFS=: read -r name args; do
+              echo "speed $rate repeat $k/$repeats $task $name" >&2
+              local_run "$dir/$name.json" "$task" "$args"
+            done < <(configs_local "$task")
           fi
           while IFS=: read -r name args; do
             [[ -z $only || $only == *",$name,"* ]] || continue
             echo "speed $rate$( ((repeats > 1)) && echo " repeat $k/$repeats") $task $name" >&2
             speed_run "$dir/$name.json" "$task" "$args"
-          done < <(configs_speed)
+          done < <(configs_speed "$task")
         done
         ((repeats > 1)) && machine "speed $rate repeat $k end"
       done

@@ -296,12 +296,14 @@ class Recorder:
         recent = self.step_s[-20:]
         return sum(recent) / max(1, len(recent))
 
-    def step_stats(self):
-        """Mean and median step time, the first 3 steps (warm-up, DDP's bucket rebuild) left out."""
-        kept = sorted(self.step_s[3:] or self.step_s)
+    def step_stats(self, first=0, last=None):
+        """Mean and median time of steps first..last-1 (default: all), their first 3 (warm-up, DDP's
+        bucket rebuild, a new optimizer's first steps) left out."""
+        steps, cpus = self.step_s[first:last], self.cpu_s[first:last]
+        kept = sorted(steps[3:] or steps)
         mean = sum(kept) / len(kept)
-        cpu = self.cpu_s[3:] or self.cpu_s
-        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(self.step_s),
+        cpu = cpus[3:] or cpus
+        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(steps),
                 "cpu_ms_per_step": 1e3 * sum(cpu) / len(cpu)}
 
     def finish(self, model, final_metric):

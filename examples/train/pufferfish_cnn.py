@@ -10,7 +10,9 @@ shoal.torch.pufferfish.factorize_model replaces conv2, conv3 and fc1 by pairs of
 layers at rank min(out, in*k*k) / --rank-factor (conv1 and fc2, the first and last layers,
 stay full rank, as in Pufferfish's hybrid networks), identically on every rank; a new
 optimizer trains the factorized model on with --after-compression (default: --compression).
---warmup-frac 1 trains full rank throughout and needs no factorization.
+--warmup-frac 1 trains full rank throughout and needs no factorization; --warmup-frac 0
+factorizes before the first step (bench/train/run.sh times the factorized step so). A run that
+factorizes mid-way also reports each phase's step times ("phases" in --json's results).
 
 Prints per-epoch loss and test accuracy and, last on rank 0, `accuracy=<x>`.
 """
@@ -62,6 +64,7 @@ def train(args, dist, x_train, y_train, x_test, y_test, warmup):
     loss_fn = nn.CrossEntropyLoss()
     record = common.Recorder(args, dist, "accuracy")
     record.extra = {"parameters_full_rank": parameters(base), "warmup_epochs": warmup}
+    factorized_from = None   # the index of the first factorized step in record.step_s
 
     for epoch in range(1, args.epochs + 1):
         if epoch == warmup + 1:
@@ -87,6 +90,7 @@ def train(args, dist, x_train, y_train, x_test, y_test, warmup):
                 model, optimizer = dist.wrap(base, optimizer)
                 args.compression = saved
             record.extra["parameters_factorized"] = parameters(base)
+            factorized_from = len(record.step_s)
             if dist.rank == 0:
                 print("factorized after epoch %d: %d -> %d parameters, then --compression %s" % (
                     warmup, record.extra["parameters_full_rank"], parameters(base), after), flush=True)
@@ -102,13 +106,18 @@ def train(args, dist, x_train, y_train, x_test, y_test, warmup):
             losses.append(record.timed_step(step))
         record.epoch(epoch, losses, {"accuracy": common.classify(model, x_test, y_test)})
 
+    # Both phases ran (None: never factorized; 0: from the first step): their steps differ.
+    if factorized_from:
+        record.extra["phases"] = {"full_rank": record.step_stats(0, factorized_from),
+                                  "factorized": record.step_stats(factorized_from)}
     record.finish(base, record.epochs[-1]["accuracy"])
 
 
 def main():
     p = common.parser(__doc__.splitlines()[0], epochs=8, batch_size=16, lr=0.05)
     p.add_argument("--warmup-frac", type=float, default=0.25,
-                   help="fraction of the epochs trained full rank before factorizing (1: never factorize)")
+                   help="fraction of the epochs trained full rank before factorizing, at least one epoch "
+                        "when above 0 (1: never factorize; 0: factorize before the first step)")
     p.add_argument("--rank-factor", type=int, default=4, help="rank = min(out, in*k*k) / this")
     p.add_argument("--after-compression", choices=common.COMPRESSIONS, default=None,
                    help="compressor after the factorization (default: --compression)")
@@ -124,7 +133,14 @@ def main():
     dist = common.Dist(args)
     x_train, y_train, x_test, y_test = common.digits(args.train_subset)
     x_train, x_test = x_train.view(-1, 1, 8, 8), x_test.view(-1, 1, 8, 8)
-    warmup = args.epochs if args.warmup_frac >= 1 else max(1, math.ceil(args.warmup_frac * args.epochs))
+    if not 0 <= args.warmup_frac <= 1:
+        raise SystemExit("pufferfish_cnn.py: --warmup-frac takes a fraction from 0 to 1, not %g" % args.warmup_frac)
+    if args.warmup_frac >= 1:
+        warmup = args.epochs
+    elif args.warmup_frac == 0:
+        warmup = 0
+    else:
+        warmup = max(1, math.ceil(args.warmup_frac * args.epochs))
     if args.backend == "ddp" and warmup < args.epochs:
         raise SystemExit("pufferfish_cnn.py: backend ddp trains full rank only (--warmup-frac 1): the "
                          "factorization runs through shoal")

@@ -174,3 +174,149 @@ def test_single_run_layout_keeps_its_table(report, tmp_path, monkeypatch, capsys
     assert "| 1gbit | ddp-powersgd | | | | | | | | | failed: Terminated (exit status 134) |" in lines
     assert not any("repeat" in l for l in lines)
     capsys.readouterr()
+
+
+# ---- pufferfish_cnn: two-phase configurations (full rank for the warm-up, then factorized) ----------
+
+STEPS_PER_EPOCH = 44
+
+
+def fidelity_run(directory, name, seed, finals, first, warmup=None, epochs=8):
+    """A fidelity run whose test accuracy is 0.5 until epoch `first` (None: never), then dense's
+    final accuracy for that seed."""
+    os.makedirs(directory, exist_ok=True)
+    final = finals[seed]
+    accuracy = [final if first is not None and e >= first else 0.5 for e in range(1, epochs + 1)]
+    stem = os.path.join(directory, "%s-s%d" % (name, seed))
+    with open(stem + ".log", "w") as f:
+        f.write("# launcher\n# exit status 0\n")
+    result = {"epochs": [{"epoch": e, "loss": 1.0 / e, "accuracy": a, "train_s": 2.0 * e}
+                         for e, a in enumerate(accuracy, 1)],
+              "accuracy": accuracy[-1], "metric": "accuracy", "identical": True, "step_ms_median": 40.0,
+              "steps": STEPS_PER_EPOCH * epochs}
+    if warmup is not None:
+        result["warmup_epochs"] = warmup
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f)
+
+
+def cnn_fidelity(out):
+    """Three seeds. Epochs to dense's accuracy: shoal-none and ddp-none 4, shoal-powersgd 5;
+    pufferfish (warm-up 2) 5, 6 and 1, so 5/3 full rank + 7/3 factorized (seed 2 reached it in the
+    warm-up); powerfish 4 on each seed: 2 + 2; pufferfish-fused never on seed 2."""
+    d = os.path.join(out, "fidelity", "pufferfish_cnn")
+    finals = {0: 0.98, 1: 0.97, 2: 0.975}
+    for seed in range(3):
+        fidelity_run(d, "shoal-none", seed, finals, 4, warmup=8)
+        fidelity_run(d, "ddp-none", seed, finals, 4, warmup=8)
+        fidelity_run(d, "shoal-powersgd", seed, finals, 5, warmup=8)
+        fidelity_run(d, "pufferfish", seed, finals, (5, 6, 1)[seed], warmup=2)
+        fidelity_run(d, "powerfish", seed, finals, 4, warmup=2)
+        fidelity_run(d, "pufferfish-fused", seed, finals, (3, 3, None)[seed], warmup=2)
+
+
+def test_split_epochs(report):
+    assert report.split_epochs({0: 5, 1: 6, 2: 1}, {0: 2, 1: 2, 2: 2}) == pytest.approx((5 / 3, 7 / 3))
+    assert report.split_epochs({0: 5}, {0: None}) == (None, None)
+    assert report.split_epochs(None, {}) == (None, None)
+
+
+def test_two_phase_time_to_accuracy(report):
+    """Warm-up epochs at the warm-up compressor's full-rank step, the rest at the factorized step."""
+    fid = {"pufferfish": {"epochs_to_target": 4.0, "steps_per_epoch": 44.0, "warmup_epochs_to_target": 5 / 3,
+                          "factorized_epochs_to_target": 7 / 3},
+           "powerfish": {"epochs_to_target": 4.0, "steps_per_epoch": 44.0, "warmup_epochs_to_target": 2.0,
+                         "factorized_epochs_to_target": 2.0},
+           "ddp-none": {"epochs_to_target": 4.0, "steps_per_epoch": 44.0}}
+    steps = {"shoal-none": 50.0, "shoal-powersgd": 30.0, "pufferfish": 20.0, "powerfish": 22.0, "ddp-none": 40.0}
+    assert report.tta_s(fid, "pufferfish", steps) == pytest.approx(44 * (5 / 3 * 50 + 7 / 3 * 20) / 1e3)
+    assert report.tta_s(fid, "powerfish", steps) == pytest.approx(44 * (2 * 30 + 2 * 22) / 1e3)
+    assert report.tta_s(fid, "ddp-none", steps) == pytest.approx(4 * 44 * 40 / 1e3)
+    # Without the warm-up's full-rank step (or the factorized one) there is no time to derive.
+    assert report.tta_s(fid, "powerfish", dict(steps, **{"shoal-powersgd": None})) is None
+    assert report.tta_s(fid, "pufferfish", {"shoal-none": 50.0}) is None
+
+
+def test_epochs_to_target_by_hand_for_two_phase(report):
+    summary = {}
+    report.add_epochs(summary, None, "pufferfish_cnn/pufferfish=5:2,pufferfish_cnn/powerfish=1.5:2")
+    assert summary["pufferfish_cnn"]["pufferfish"]["warmup_epochs_to_target"] == 2.0
+    assert summary["pufferfish_cnn"]["pufferfish"]["factorized_epochs_to_target"] == 3.0
+    assert summary["pufferfish_cnn"]["powerfish"]["warmup_epochs_to_target"] == 1.5
+    assert summary["pufferfish_cnn"]["powerfish"]["factorized_epochs_to_target"] == 0.0
+    with pytest.raises(SystemExit, match="give the warm-up's epochs too, as pufferfish_cnn/pufferfish=5:W"):
+        report.add_epochs({}, None, "pufferfish_cnn/pufferfish=5")
+
+
+def test_pufferfish_repeats(report, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path)
+    cnn_fidelity(out)
+    os.makedirs(os.path.join(out, "speed"))
+    with open(os.path.join(out, "speed", "repeats"), "w") as f:
+        f.write("2\n")
+    task = os.path.join(out, "speed", "1gbit", "pufferfish_cnn")
+    steps = [{"shoal-none": 50.0, "shoal-powersgd": 30.0, "pufferfish": 20.0, "pufferfish-fused": 18.0,
+              "powerfish": 22.0, "ddp-none": 40.0, "local": 10.0, "local-factorized": 5.0},
+             {"shoal-none": 60.0, "pufferfish": 25.0, "pufferfish-fused": 19.0, "powerfish": 24.0,
+              "ddp-none": 45.0, "local": 12.0, "local-factorized": 6.0}]   # shoal-powersgd did not run
+    for k, at in enumerate(steps):
+        d = os.path.join(task, "repeat-%d" % (k + 1))
+        planned(d, list(steps[0]))
+        for name, ms in at.items():
+            result(d, name, ms)
+    monkeypatch.setattr(sys, "argv", ["report.py", out])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    # The fidelity table splits a two-phase configuration's epochs at its warm-up.
+    row = next(l for l in lines if l.startswith("| pufferfish |"))
+    assert "| 4.0 (1.7 full rank + 2.3 factorized) |" in row
+    assert "| not reached |" in next(l for l in lines if l.startswith("| pufferfish-fused |"))
+    # Both no-communication steps; pufferfish held against the factorized one: 20/5, 25/6.
+    assert any(l.startswith("No communication (the same step on one rank, in every repeat; the factorized step, "
+                            "local-factorized): 5.5 [5.0–6.0] ms") for l in lines)
+    row = next(l for l in lines if l.startswith("| pufferfish |") and "each" not in l and "2 of 2 ok" in l)
+    assert "| 1.90× [1.80–2.00] | 4.08× [4.00–4.17] |" in row
+    # To dense's accuracy against DDP dense (4 epochs at 40 and 45 ms): pufferfish 5/3 epochs at
+    # shoal-none's 50 / 60 ms + 7/3 at its own 20 / 25 ms: 160/130 = 1.23, 180/158.3 = 1.14.
+    tta = next(l for l in lines if l.startswith("| 1gbit | pufferfish | ddp-none, time to dense's accuracy"))
+    assert "| 1.23, 1.14 | 1.18× [1.14–1.23] | 2 of 2 |" in tta
+    # powerfish: 2 epochs at shoal-powersgd's 30 ms + 2 at its own 22: 160/104 = 1.54; repeat 2 has
+    # no shoal-powersgd run, so no value, and says which run is missing.
+    tta = next(l for l in lines if l.startswith("| 1gbit | powerfish | ddp-none, time to dense's accuracy"))
+    assert "| 1.54, — | 1.54× (1 of 2) | 1 of 2; repeat-2: shoal-powersgd missing: did not run |" in tta
+    per_step = next(l for l in lines if l.startswith("| 1gbit | pufferfish | ddp-none, per step (this: factorized)"))
+    assert "| 2.00, 1.80 |" in per_step
+    fused = next(l for l in lines if l.startswith("| 1gbit | pufferfish-fused | ddp-none, time to dense's accuracy"))
+    assert "not derived: no epochs to dense's accuracy for pufferfish-fused (not reached in the fidelity runs)" in fused
+    assert any(l.startswith("\npufferfish, pufferfish-fused, powerfish train full rank") or
+               l.startswith("pufferfish, pufferfish-fused, powerfish train full rank") for l in lines)
+    # The goal: the best paired median among shoal's configurations, powerfish's 1.54×.
+    assert any(l.startswith("| pufferfish_cnn, 1gbit: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner")
+               and "| powerfish: 1.54× (1 of 2) (derived) | no |" in l for l in lines)
+    capsys.readouterr()
+
+
+def test_pufferfish_single_run(report, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path)
+    cnn_fidelity(out)
+    result(os.path.join(out, "speed", "local", "pufferfish_cnn"), "local", 10.0)
+    result(os.path.join(out, "speed", "local", "pufferfish_cnn"), "local-factorized", 5.0)
+    task = os.path.join(out, "speed", "1gbit", "pufferfish_cnn")
+    for name, ms in (("shoal-none", 50.0), ("shoal-powersgd", 30.0), ("pufferfish", 20.0), ("powerfish", 22.0),
+                     ("ddp-none", 40.0)):
+        result(task, name, ms)
+    monkeypatch.setattr(sys, "argv", ["report.py", out])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    assert "No communication, the factorized step (local-factorized): 5.0 ms (CPU 10.0 ms)." in lines
+    # pufferfish: 44 x (5/3 x 50 + 7/3 x 20) ms = 5.72 s; powerfish 44 x (2 x 30 + 2 x 22) = 4.58 s.
+    assert any(l.startswith("| 1gbit | pufferfish | 20.0 | 21.0 | 10.0 | 2.00× | 4.00× |") and "| 5.7 | ok |" in l
+               for l in lines)
+    assert any(l.startswith("| 1gbit | powerfish | 22.0 |") and "| 4.6 | ok |" in l for l in lines)
+    assert any(l.startswith("| 1gbit | ddp-none | 40.0 |") and "| 7.0 | ok |" in l for l in lines)
+    assert any(l.startswith("| pufferfish_cnn, 1gbit: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner")
+               and "| powerfish: 1.54× (derived) | no |" in l for l in lines)
+    # The step goal holds each step against its own no-communication step: shoal-powersgd 30/10.
+    assert any(l.startswith("| pufferfish_cnn, 1gbit: best shoal step within 1.25× of no communication")
+               and "| shoal-powersgd: 3.00× | no |" in l for l in lines)
+    capsys.readouterr()
