@@ -115,7 +115,8 @@ TEST(SketchHost, ScanIntoKeptValuesMatchesFresh) {
     size_t seed = 0;
     for (size_t count : {size_t(5000), size_t(70), size_t(5000), size_t(9000), size_t(1), size_t(640)}) {
       for (double density : {1.0, 0.02, 0.5}) {
-        const std::vector<float> x = sample(count, density, 1000 + ++seed, seed % 2 == 0);
+        ++seed;
+        const std::vector<float> x = sample(count, density, 1000 + seed, seed % 2 == 0);
         const std::string where = std::string(pathName(path)) + ", count " + std::to_string(count) + ", density " +
                                   std::to_string(density);
         const size_t room = kept.capacity;
