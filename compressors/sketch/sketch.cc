@@ -87,8 +87,10 @@
 //
 // Options: kOptionsHelp. dtypes: f32 only (f64 would need the same rule with
 // 53-bit significands and up to 2^11 exponents: more limbs; not done). Host
-// and CUDA memory. Stateless except ratio='s scale history; several tensors
-// of one call share the payloads (each with its own scale, mode and seed).
+// and CUDA memory. Stateless except ratio='s scale history, and the host
+// path's buffers of a finished call, emptied and kept for the next one (no
+// page faults on the next call's fresh memory: giveBack); several tensors of
+// one call share the payloads (each with its own scale, mode and seed).
 //
 // CPU cost (measured, 2 ranks as threads on a loaded 2-core machine, 2^22
 // elements, K = 1): compact 7-25 ms at 0.1-10% density (decode has a 128-bit
@@ -104,6 +106,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -171,6 +174,9 @@ struct TensorPlan {
   // values=compact as f32 (at dense, valueOffset) when f32 sums are exact.
   bool compactF32 = false;  // |U| recovered exact sums (leftovers: from limbs)
   std::vector<float> result;         // |U| decoded values
+  // This rank's value at each member of U where the values are not written straight into the
+  // payload (limbs, sketch cells, Inf/NaN beside them): every entry written before it is read.
+  std::vector<float, UninitializedAllocator<float>> mine;
   const float* resultView = nullptr; // or, when set, where they already are (compact f32 sums: the payload)
   // ratio mode: a sketch in round 0 at a scale guessed in advance (Tg, Qg, Kg limbs).
   bool presized = false, presizedValid = false;
@@ -188,7 +194,10 @@ struct OpState {
   size_t indexWords = 0;   // bitmap = every tensor's index words, then their statistics' codes
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
   void* device = nullptr;  // the CUDA path's state (sketch_device.cc) when the tensors are CUDA tensors
-  std::unique_ptr<Pipeline> pipeline;  // set when one large tensor goes in chunks (pipelineStart)
+  bool pipelined = false;  // this operation is one large tensor in chunks (pipelineStart)
+  // The chunks' states when pipelined; a kept state (giveBack) may hold one from an earlier call
+  // while not pipelined, unused.
+  std::unique_ptr<Pipeline> pipeline;
 };
 
 // One chunk of the pipelined path (see pipelineRound).
@@ -209,6 +218,150 @@ struct Pipeline {
     if (helper.joinable()) helper.join();
   }
 };
+
+// ---- a finished operation's buffers, kept for the next call ------------------
+// Every call used to allocate its state afresh: at 64-256 MiB, ~6,000 page
+// faults per rank and call, 12-15% of each rank's CPU in the kernel's
+// clear_page_erms (docs/benchmarks.md). finish() now empties the host
+// state (recycle: every field back to its default, the buffers cleared with
+// their capacity kept) and keeps it as the instance's spare; start() takes the
+// spare, or makes a fresh state when there is none. Nothing stale reaches a
+// result: every buffer is written by the call before it is read (assign /
+// resize + a full write; the f32 payload `dense` and `mine` are never zeroed
+// as a whole, but every range of them that is read is written first, fresh
+// memory or not: encodeValues).
+//
+// One spare, taken under a mutex: operations in flight at once on one
+// instance (the test harness runs several ranks on one; the driver runs one
+// call at a time) each hold a state of their own, the second a fresh one; a
+// finishing operation whose spare slot is taken is freed.
+//
+// Memory kept: at most one operation's buffers (of the order of its tensor's
+// bytes: bitmaps, members, payloads, local values), and only while they are
+// not far larger than what the recent calls needed: a state whose capacity
+// exceeds twice the largest need of the last kSpareWindow calls (plus
+// kSpareSlack) is freed instead of kept, so one huge call does not pin its
+// memory for the instance's life, while a step's mix of large and small calls
+// (fusion buckets, then a small last one) keeps the large state. destroy()
+// frees the spare.
+constexpr int kSpareWindow = 16;
+constexpr size_t kSpareSlack = size_t(4) << 20;  // a few MiB are not worth giving back
+
+struct HostInstance : Instance {
+  explicit HostInstance(const Instance& options) : Instance(options) {}
+  std::mutex spareMutex;  // guards the fields below
+  std::unique_ptr<OpState> spare;
+  size_t recentNeed = 0;   // the largest need of the calls since it was set
+  int callsSinceNeed = 0;  // ... and how many calls ago that was
+};
+
+template <class V>
+size_t capacityBytes(const V& v) {
+  return v.capacity() * sizeof(typename V::value_type);
+}
+template <class V>
+size_t sizeBytes(const V& v) {
+  return v.size() * sizeof(typename V::value_type);
+}
+
+// The bytes a state's buffers hold (bytes = capacityBytes, used = false) or that the finished
+// call used (sizeBytes, used = true; of the local values' room it needed count + 8 floats).
+template <class Bytes>
+size_t stateBytes(const OpState& s, Bytes bytes, bool used) {
+  size_t total = bytes(s.bitmap) + bytes(s.stats) + bytes(s.values) + bytes(s.specials) + bytes(s.leftovers) +
+                 bytes(s.presized) + bytes(s.presizedLeftovers) + bytes(s.dense);
+  for (const TensorPlan& p : s.plans) {
+    total += bytes(p.localBits) + bytes(p.members) + bytes(p.limbs) + bytes(p.leftover) + bytes(p.floatSums) +
+             bytes(p.result) + bytes(p.mine);
+    total += sizeof(float) * (used ? (p.haveLocal ? p.count + 8 : 0) : p.localValues.capacity);
+  }
+  if (s.pipeline && (s.pipelined || !used))
+    for (const auto& c : s.pipeline->chunks) total += stateBytes(c->state, bytes, used);
+  return total;
+}
+size_t keptBytes(const OpState& s) { return stateBytes(s, [](const auto& v) { return capacityBytes(v); }, false); }
+size_t neededBytes(const OpState& s) { return stateBytes(s, [](const auto& v) { return sizeBytes(v); }, true); }
+
+// Moves a buffer into a fresh object, emptied, its capacity kept.
+template <class V>
+void keepBuffer(V& to, V& from) {
+  to = std::move(from);
+  to.clear();
+}
+
+// A plan as a default one, with the buffers' capacity kept. Reset by
+// construction: a field added later starts at its default without being
+// named here; only the buffers named here keep their memory.
+void recycle(TensorPlan& plan) {
+  TensorPlan fresh;
+  keepBuffer(fresh.localBits, plan.localBits);
+  keepBuffer(fresh.members, plan.members);
+  keepBuffer(fresh.limbs, plan.limbs);
+  keepBuffer(fresh.leftover, plan.leftover);
+  keepBuffer(fresh.floatSums, plan.floatSums);
+  keepBuffer(fresh.result, plan.result);
+  keepBuffer(fresh.mine, plan.mine);
+  fresh.localValues.data = std::move(plan.localValues.data);  // size 0: nothing of it is valid
+  fresh.localValues.capacity = fresh.localValues.data ? plan.localValues.capacity : 0;
+  plan = std::move(fresh);
+}
+
+// The same for a whole state (host path), its chunks' states included.
+void recycle(OpState& s) {
+  if (s.pipeline) {
+    Pipeline& p = *s.pipeline;
+    if (p.helper.joinable()) p.helper.join();  // (finish() joins a failed call's helper first)
+    p.next = 0;
+    p.helperFailed = false;
+    p.helperStatus = SHOAL_OK;
+    p.helperChunk = -1;
+    for (auto& c : p.chunks) {
+      recycle(c->state);
+      c->tensor = shoal_compress_tensor_t{};
+      c->op = shoal_compress_op_t{};
+    }
+  }
+  OpState fresh;
+  fresh.plans = std::move(s.plans);
+  for (TensorPlan& plan : fresh.plans) recycle(plan);
+  keepBuffer(fresh.bitmap, s.bitmap);
+  keepBuffer(fresh.stats, s.stats);
+  keepBuffer(fresh.values, s.values);
+  keepBuffer(fresh.specials, s.specials);
+  keepBuffer(fresh.leftovers, s.leftovers);
+  keepBuffer(fresh.presized, s.presized);
+  keepBuffer(fresh.presizedLeftovers, s.presizedLeftovers);
+  keepBuffer(fresh.dense, s.dense);
+  fresh.pipeline = std::move(s.pipeline);  // pipelined: false until pipelineStart sets it
+  s = std::move(fresh);
+}
+
+// A state for a host operation: the spare when there is one, else a fresh one.
+OpState* takeState(HostInstance& inst) {
+  {
+    std::lock_guard<std::mutex> lock(inst.spareMutex);
+    if (inst.spare) return inst.spare.release();
+  }
+  return new OpState;
+}
+
+// A finished host operation's state: kept as the spare, or freed (see above).
+void giveBack(HostInstance& inst, OpState* s) {
+  const size_t need = neededBytes(*s);
+  recycle(*s);
+  const size_t kept = keptBytes(*s);
+  std::unique_lock<std::mutex> lock(inst.spareMutex);
+  if (need >= inst.recentNeed || ++inst.callsSinceNeed > kSpareWindow) {
+    inst.recentNeed = need;
+    inst.callsSinceNeed = 0;
+  }
+  if (!inst.spare && kept <= 2 * inst.recentNeed + kSpareSlack) {
+    inst.spare.reset(s);
+    return;
+  }
+  lock.unlock();
+  delete s;
+}
 
 const float* inputOf(const shoal_compress_tensor_t& t) { return static_cast<const float*>(t.input.data); }
 
@@ -281,11 +434,11 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
       return SHOAL_ERR_INVALID_ARGUMENT;
     }
   }
-  *instance = new Instance(config);
+  *instance = new HostInstance(config);
   return SHOAL_OK;
 }
 
-void destroy(void* instance) { delete static_cast<Instance*>(instance); }
+void destroy(void* instance) { delete static_cast<HostInstance*>(instance); }
 
 // The host path's state of one operation: the index's kind and size per
 // tensor (from the options and shapes alone, so every rank agrees without a
@@ -331,10 +484,10 @@ void setUpHost(const Instance& inst, shoal_compress_op_t* op, OpState* state) {
 }
 
 size_t pipelineChunk(const Instance& inst, const shoal_compress_op_t* op);
-OpState* pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk);
+void pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk, OpState* state);
 
 shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
-  const Instance& inst = *static_cast<Instance*>(instance);
+  HostInstance& inst = *static_cast<HostInstance*>(instance);
   if (op->num_tensors > 0 && op->tensors[0].input.memory == SHOAL_MEMORY_CUDA) {
 #if SHOAL_WITH_CUDA
     void* device = nullptr;
@@ -356,12 +509,11 @@ shoal_status_t start(void* instance, shoal_compress_op_t* op, void** opState) {
       return SHOAL_ERR_INVALID_ARGUMENT;
     }
   }
-  if (const size_t chunk = pipelineChunk(inst, op); chunk > 0) {
-    *opState = pipelineStart(inst, op, chunk);
-    return SHOAL_OK;
-  }
-  auto* state = new OpState;
-  setUpHost(inst, op, state);
+  OpState* state = takeState(inst);
+  if (const size_t chunk = pipelineChunk(inst, op); chunk > 0)
+    pipelineStart(inst, op, chunk, state);
+  else
+    setUpHost(inst, op, state);
   *opState = state;
   return SHOAL_OK;
 }
@@ -626,7 +778,8 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       plan.unionCoversLocal = true;
       continue;
     }
-    std::vector<float> mine(u);  // this rank's value at each member of U
+    std::vector<float, UninitializedAllocator<float>>& mine = plan.mine;  // this rank's value at each member of U
+    mine.resize(u);  // every entry written next (memberValues writes all u, or the call fails)
     if (plan.haveLocal) {
       if (!memberValues(s.bitmap.data() + plan.wordOffset, plan.localBits.data(), plan.words, plan.localValues.data.get(),
                         plan.localValues.size, mine.data()))
@@ -770,26 +923,29 @@ size_t pipelineChunk(const Instance& inst, const shoal_compress_op_t* op) {
   return count >= 2 * chunk ? chunk : 0;
 }
 
-OpState* pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk) {
-  auto* state = new OpState;
-  state->pipeline = std::make_unique<Pipeline>();
+// Sets up `state` (fresh or recycled) for one tensor in chunks; a recycled
+// state's chunks are reused in order (extra ones are freed).
+void pipelineStart(const Instance& inst, shoal_compress_op_t* op, size_t chunk, OpState* state) {
+  if (!state->pipeline) state->pipeline = std::make_unique<Pipeline>();
+  state->pipelined = true;
+  std::vector<std::unique_ptr<Chunk>>& chunks = state->pipeline->chunks;
   const shoal_compress_tensor_t& whole = op->tensors[0];
   const size_t count = shoal::elementsCount(whole.input);
+  chunks.resize((count + chunk - 1) / chunk);
   auto* in = static_cast<float*>(whole.input.data);
   auto* out = static_cast<float*>(whole.output.data);
-  for (size_t offset = 0; offset < count; offset += chunk) {
-    auto c = std::make_unique<Chunk>();
+  for (size_t k = 0, offset = 0; offset < count; ++k, offset += chunk) {
+    if (!chunks[k]) chunks[k] = std::make_unique<Chunk>();
+    Chunk& c = *chunks[k];
     const size_t n = std::min(chunk, count - offset);
-    c->tensor = whole;
-    c->tensor.input = shoal_tensor_1d(in + offset, n, SHOAL_F32);
-    c->tensor.output = shoal_tensor_1d(out + offset, n, SHOAL_F32);
-    c->op = *op;
-    c->op.num_tensors = 1;
-    c->op.tensors = &c->tensor;
-    setUpHost(inst, &c->op, &c->state);
-    state->pipeline->chunks.push_back(std::move(c));
+    c.tensor = whole;
+    c.tensor.input = shoal_tensor_1d(in + offset, n, SHOAL_F32);
+    c.tensor.output = shoal_tensor_1d(out + offset, n, SHOAL_F32);
+    c.op = *op;
+    c.op.num_tensors = 1;
+    c.op.tensors = &c.tensor;
+    setUpHost(inst, &c.op, &c.state);
   }
-  return state;
 }
 
 // Runs task on the helper thread (on this one if no thread can be started).
@@ -886,7 +1042,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
 #if SHOAL_WITH_CUDA
   if (s.device != nullptr) return deviceRound(inst, s.device, op, round);
 #endif
-  if (s.pipeline) return pipelineRound(inst, s, op, round);
+  if (s.pipelined) return pipelineRound(inst, s, op, round);
   if (round->index == 0) {
     encodeIndex(s, op);
     round->num_payloads = indexPayloads(s, round->payloads);
@@ -942,12 +1098,18 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
   return roundsDone(round);
 }
 
-void finish(void*, void* opState) {
+void finish(void* instance, void* opState) {
   auto* s = static_cast<OpState*>(opState);
 #if SHOAL_WITH_CUDA
-  if (s->device != nullptr) deviceFinish(s->device);
+  if (s->device != nullptr) {  // the CUDA path's buffers are its own (sketch_device.cc): not kept
+    deviceFinish(s->device);
+    delete s;
+    return;
+  }
 #endif
-  delete s;
+  // A call that failed between rounds may leave its helper running: joined before its buffers are read.
+  if (s->pipeline && s->pipeline->helper.joinable()) s->pipeline->helper.join();
+  giveBack(*static_cast<HostInstance*>(instance), s);
 }
 
 #if SHOAL_WITH_CUDA

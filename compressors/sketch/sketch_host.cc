@@ -312,7 +312,14 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
   // the values are written even for a caller that does not keep them.
   LocalValues scratch;
   LocalValues& kept = values ? *values : scratch;
-  kept.data.reset(new float[count + 8]);  // + room for flattenMembers' writes past the last member
+  // + room for flattenMembers' writes past the last member. Only [0, size) is ever read, and the scan
+  // writes all of it: a buffer kept from an earlier call needs no clearing.
+  if (kept.capacity < count + 8) {
+    kept.data.reset();  // the old buffer goes before the new one is made, not beside it
+    kept.capacity = 0;  // (consistent should the allocation throw)
+    kept.data.reset(new float[count + 8]);
+    kept.capacity = count + 8;
+  }
   float* const out = kept.data.get();
   LocalStats s;
   switch (scanPathAvailable(path) ? path : ScanPath::Portable) {

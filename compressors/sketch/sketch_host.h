@@ -80,10 +80,13 @@ inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
 }
 
 // Room for a tensor's nonzero values, allocated but not initialised (the
-// pages a sparse tensor never reaches are never touched).
+// pages a sparse tensor never reaches are never touched). Kept across calls
+// (sketch.cc keeps a finished operation's buffers): the scan allocates again
+// only when capacity is short of the tensor's count + 8.
 struct LocalValues {
   std::unique_ptr<float[]> data;
-  size_t size = 0;
+  size_t size = 0;      // values the last scan wrote
+  size_t capacity = 0;  // floats data holds
 };
 
 // Round 0 over one tensor (sketch_host.cc): words[(count + 63) / 64] = the

@@ -1159,3 +1159,207 @@ TEST(SketchInPlace, EmptyUnionBesideThisRanksValuesRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- one instance, many calls: the state kept across calls -------------------
+// finish() keeps the operation's buffers for the next call on the instance
+// (sketch.cc, giveBack/recycle). Consecutive calls that differ in every way the
+// state depends on (sizes, tensors per call, densities, limb counts, modes,
+// chunk counts, Inf, empty unions, in place and out of place) must each give
+// the exact result: nothing of an earlier call may reach a later one.
+
+struct ReuseCall {
+  const char* what;
+  std::vector<std::pair<Gen, size_t>> tensors;  // generator, count
+  shoal_op_t op = SHOAL_SUM;
+};
+
+std::vector<ReuseCall> reuseCalls(int n) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Gen limbs2 = sparseGen(201, n, 0.02, Overlap::Independent);            // 24-bit values over 2^-20..2^20: K = 2
+  Gen limbs2Dense = sparseGen(202, n, 0.5, Overlap::Independent);
+  Gen limbs1 = sparseGen(203, n, 0.1, Overlap::Independent, -5, 5);      // K = 1
+  Gen wide = [](int r, size_t i) -> float {                              // K = 5, sparse
+    return i % 7 ? 0.0f : i % 2 ? 0x1p-140f * float(r + 1) : 0x1p120f * float(r + 1);
+  };
+  Gen quarters = [](int r, size_t i) -> float { return 0.25f * float(int(hash3(204, r, i) % 64) - 32); };  // dense f32
+  Gen sparseQuarters = [=](int r, size_t i) -> float {  // compact f32 values
+    return unit(hash3(205, r, i)) < 0.01 ? quarters(r, i) + 9.0f : 0.0f;
+  };
+  Gen withInf = [=](int r, size_t i) -> float { return i == 333 && r == 1 ? -inf : limbs1(r, i); };
+  Gen empty = [](int, size_t) -> float { return 0.0f; };
+  return {
+      {"sparse, 2 limbs", {{limbs2, 5003}}},
+      {"dense after sparse", {{quarters, 5003}}},
+      {"small, 1 limb", {{limbs1, 300}}, SHOAL_AVG},
+      {"5 limbs", {{wide, 2000}}},
+      {"compact f32", {{sparseQuarters, 8000}}},
+      {"2 limbs after f32", {{limbs2, 8000}}},
+      {"empty", {{empty, 1000}}},
+      {"Inf", {{withInf, 700}}},
+      {"half dense, 2 limbs", {{limbs2Dense, 5003}}, SHOAL_AVG},
+      {"three tensors", {{limbs1, 100}, {quarters, 3000}, {wide, 50}}},
+      {"three others", {{wide, 3000}, {empty, 10}, {limbs2, 777}}},
+      {"one element", {{limbs1, 1}}},
+      {"sparse after dense", {{limbs2, 5003}}},
+      {"f32 after limbs", {{sparseQuarters, 5003}}},
+  };
+}
+
+// Every rank's inputs and the expected outputs of one call.
+struct ReuseCase {
+  std::vector<std::shared_ptr<const Inputs>> inputs;  // per tensor
+  std::vector<std::vector<float>> want;               // per tensor
+};
+
+ReuseCase reuseCase(const ReuseCall& call, int n) {
+  ReuseCase c;
+  for (const auto& [gen, count] : call.tensors) {
+    c.inputs.push_back(inputsOf(gen, n, count));
+    c.want.push_back(referenceOf(*c.inputs.back(), call.op));
+  }
+  return c;
+}
+
+const char* kReuseOptions[] = {"values=auto", "values=compact", "values=sketch", "values=dense", "chunk=256",
+                               "values=sketch,cells=f32", "ratio=20", "index=bloom,expected_density=0.05"};
+
+// Through the table, every rank with an instance of its own (as the driver
+// runs it: one call at a time per instance), then all ranks on one instance
+// (several operations in flight on it: each must get a state of its own).
+TEST(SketchReuse, ConsecutiveCallsThroughTheTableExact) {
+  const int n = 4;
+  const std::vector<ReuseCall> calls = reuseCalls(n);
+  std::vector<ReuseCase> cases;
+  for (const ReuseCall& call : calls) cases.push_back(reuseCase(call, n));
+  const shoal_compressor_t* table = shoal::compressors::sketch();
+  for (const char* options : kReuseOptions) {
+    for (bool shared : {false, true}) {
+      std::unique_ptr<void, void (*)(void*)> one(nullptr, table->destroy);  // outlives run
+      CompressorRounds run(table, n);
+      if (shared) {
+        const auto pairs = shoal::test::optionPairs(options);
+        std::vector<const char*> kp, vp;
+        for (const auto& [key, value] : pairs) kp.push_back(key.c_str()), vp.push_back(value.c_str());
+        char err[256] = {};
+        shoal_compressor_params_t params{sizeof params, int(kp.size()), kp.data(), vp.data(), nullptr, err, sizeof err};
+        void* instance = nullptr;
+        ASSERT_EQ(table->create(&params, &instance), SHOAL_OK) << err;
+        one.reset(instance);
+        run.useInstances(std::vector<void*>(n, instance));
+      } else {
+        ASSERT_EQ(run.create(shoal::test::optionPairs(options)), SHOAL_OK) << run.error(0);
+      }
+      // Twice through the sequence: its last calls then precede its first ones.
+      for (int pass = 0; pass < 2; ++pass) {
+        for (size_t k = 0; k < calls.size(); ++k) {
+          const ReuseCase& c = cases[k];
+          std::vector<CompressorRounds::TensorSpec> specs;
+          for (const auto& [gen, count] : calls[k].tensors) specs.push_back({SHOAL_F32, {int64_t(count)}, ""});
+          auto fill = [&](int r, int t, void* data) {
+            std::memcpy(data, (*c.inputs[t])[r].data(), (*c.inputs[t])[r].size() * sizeof(float));
+          };
+          const std::string what = std::string(options) + (shared ? ", one instance" : ", an instance a rank") +
+                                   ", pass " + std::to_string(pass) + ", call " + std::to_string(k) + " (" +
+                                   calls[k].what + ")";
+          ASSERT_EQ(run.allreduce(specs, calls[k].op, 10 * pass + k, fill), SHOAL_OK)
+              << what << ": " << run.error(run.failedRank());
+          for (int r = 0; r < n; ++r)
+            for (size_t t = 0; t < specs.size(); ++t) {
+              const std::vector<float> got = run.outputAs<float>(r, int(t));
+              size_t bad = 0, first = got.size();
+              for (size_t i = 0; i < got.size(); ++i)
+                if (bitsOf(got[i]) != bitsOf(c.want[t][i])) first = std::min(first, i), ++bad;
+              ASSERT_EQ(bad, 0u) << what << ", rank " << r << ", tensor " << t << ", first at " << first << ": got "
+                                 << got[first] << ", want " << c.want[t][first];
+            }
+        }
+      }
+    }
+  }
+}
+
+// Through the communicator (one instance per options string and rank), in
+// place and out of place alternately, one piece and in chunks.
+TEST(SketchReuse, ConsecutiveCallsInPlaceAndOutOfPlaceExact) {
+  const int n = 4;
+  const std::vector<ReuseCall> calls = reuseCalls(n);
+  std::vector<ReuseCase> cases;
+  std::vector<size_t> single;  // the one-tensor calls
+  for (size_t k = 0; k < calls.size(); ++k) {
+    cases.push_back(reuseCase(calls[k], n));
+    if (calls[k].tensors.size() == 1) single.push_back(k);
+  }
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    for (const char* options : {"values=auto", "chunk=256"}) {
+      for (int pass = 0; pass < 2; ++pass) {
+        for (size_t j = 0; j < single.size(); ++j) {
+          const size_t k = single[j];
+          const bool inPlace = (j + pass) % 2 == 0;
+          const std::vector<float>& input = (*cases[k].inputs[0])[rank];
+          const std::vector<float>& want = cases[k].want[0];
+          const std::string what = std::string(options) + ", pass " + std::to_string(pass) + ", " + calls[k].what +
+                                   (inPlace ? ", in place" : ", out of place") + ", rank " + std::to_string(rank);
+          std::vector<float> data = input, out(input.size(), 12345.0f);
+          shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+          opts.compressor = "sketch";
+          opts.compressor_options = options;
+          opts.compress_min_bytes = 0;
+          shoal_tensor_t tin = shoal_tensor_1d(data.data(), data.size(), SHOAL_F32);
+          shoal_tensor_t tout = shoal_tensor_1d(out.data(), out.size(), SHOAL_F32);
+          ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, inPlace ? &tin : &tout, calls[k].op, &opts), SHOAL_OK)
+              << what << ": " << shoal_last_error(comm);
+          const std::vector<float>& got = inPlace ? data : out;
+          size_t bad = 0, first = got.size();
+          for (size_t i = 0; i < got.size(); ++i)
+            if (bitsOf(got[i]) != bitsOf(want[i])) first = std::min(first, i), ++bad;
+          ASSERT_EQ(bad, 0u) << what << ", first at " << first << ": got " << got[first] << ", want " << want[first];
+          if (!inPlace) ASSERT_TRUE(data == input) << what << ": input modified";
+        }
+      }
+    }
+  });
+}
+
+// A call refused after a corrupted payload (on the helper thread when in
+// chunks) leaves its state to the next call: that one is exact, and so is
+// another refusal's text.
+TEST(SketchReuse, CallAfterARefusedCallExact) {
+  const int n = 2;
+  const Gen gen = sparseGen(207, n, 0.05, Overlap::Independent);
+  const std::shared_ptr<const Inputs> in = inputsOf(gen, n, kChunkedCount);
+  const std::vector<float> want = referenceOf(*in, SHOAL_SUM);
+  auto fill = [&](int r, int, void* data) { std::memcpy(data, (*in)[r].data(), kChunkedCount * sizeof(float)); };
+  auto setWord = [](shoal::test::Delivered& d, size_t i, uint64_t w) { std::memcpy(d.bytes.data() + 8 * i, &w, 8); };
+  // The statistics' nonfinite code (the 11th word after the index) made 7: chunk 3's in round 3
+  // (read on the helper), or the one piece's in round 0.
+  const size_t onePieceIndex = (kChunkedCount + 63) / 64;
+  struct Case {
+    const char* options;
+    shoal::test::Hook corrupt;
+  };
+  const Case cases[] = {
+      {"chunk=64", [&](shoal::test::Delivered& d) { if (d.round == 3 && d.payload == 0) setWord(d, 2 + 10, 7); }},
+      {"values=auto", [&](shoal::test::Delivered& d) { if (d.round == 0 && d.payload == 0) setWord(d, onePieceIndex + 10, 7); }},
+  };
+  for (const Case& c : cases) {
+    CompressorRounds run(shoal::compressors::sketch(), n);
+    ASSERT_EQ(run.create(shoal::test::optionPairs(c.options)), SHOAL_OK) << run.error(0);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      ASSERT_EQ(run.start({{SHOAL_F32, {int64_t(kChunkedCount)}, ""}}, SHOAL_SUM, 0, fill), SHOAL_OK) << run.error(0);
+      EXPECT_EQ(run.run(c.corrupt), SHOAL_ERR_INTERNAL) << c.options;
+      for (int r = 0; r < n; ++r)
+        EXPECT_NE(std::string(run.error(r)).find("statistics"), std::string::npos) << c.options << ": " << run.error(r);
+      ASSERT_EQ(run.allreduce({{SHOAL_F32, {int64_t(kChunkedCount)}, ""}}, SHOAL_SUM, 1, fill), SHOAL_OK)
+          << c.options << ": " << run.error(run.failedRank());
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> got = run.outputAs<float>(r, 0);
+        for (size_t i = 0; i < kChunkedCount; ++i)
+          ASSERT_EQ(bitsOf(got[i]), bitsOf(want[i])) << c.options << ", attempt " << attempt << ", rank " << r << ", " << i;
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -105,6 +105,38 @@ TEST(SketchHost, ScanIndexMatchesPerElementRule) {
   std::printf("\n");
 }
 
+// The compressor keeps each tensor's LocalValues from call to call: a scan
+// into one that an earlier scan of another size and density filled gives the
+// same words, values and count as a scan into a fresh one, and reallocates
+// only when the room is short of count + 8.
+TEST(SketchHost, ScanIntoKeptValuesMatchesFresh) {
+  for (ScanPath path : scanPaths()) {
+    LocalValues kept;
+    size_t seed = 0;
+    for (size_t count : {size_t(5000), size_t(70), size_t(5000), size_t(9000), size_t(1), size_t(640)}) {
+      for (double density : {1.0, 0.02, 0.5}) {
+        ++seed;
+        const std::vector<float> x = sample(count, density, 1000 + seed, seed % 2 == 0);
+        const std::string where = std::string(pathName(path)) + ", count " + std::to_string(count) + ", density " +
+                                  std::to_string(density);
+        const size_t room = kept.capacity;
+        std::vector<uint64_t> words((count + 63) / 64, ~uint64_t(0)), fresh(words.size(), ~uint64_t(0));
+        const LocalStats s = scanIndexWith(path, x.data(), count, words.data(), &kept);
+        LocalValues once;
+        const LocalStats t = scanIndexWith(path, x.data(), count, fresh.data(), &once);
+        EXPECT_EQ(words, fresh) << where;
+        EXPECT_EQ(s.top, t.top) << where;
+        EXPECT_EQ(s.lowest, t.lowest) << where;
+        EXPECT_EQ(s.nonfinite, t.nonfinite) << where;
+        ASSERT_EQ(kept.size, once.size) << where;
+        if (once.size > 0)
+          EXPECT_EQ(0, std::memcmp(kept.data.get(), once.data.get(), once.size * sizeof(float))) << where;
+        EXPECT_EQ(kept.capacity, std::max(room, count + 8)) << where;
+      }
+    }
+  }
+}
+
 TEST(SketchHost, ScanIndexEdges) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const float tiny = std::numeric_limits<float>::denorm_min(), big = std::numeric_limits<float>::max();
