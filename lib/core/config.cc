@@ -21,7 +21,10 @@ constexpr double kMaxSeconds = 31536000;     // a year: every wait has a deadlin
 
 const std::vector<Variable>& table() {
   using K = Kind;
-  static const std::vector<Variable> variables = {
+  // Never destroyed: threads that outlive main() (a tcp store server until the registry stops
+  // it at exit, a leaked communicator's) still read it while static destructors run; a table
+  // destroyed under them was a use-after-free under ASan (StoreTest.GetWaitsForALaterSet/tcp).
+  static const std::vector<Variable>& variables = *new std::vector<Variable>{
       // Launch and rendezvous (set by shoalrun, mpirun -x, or by hand).
       {"SHOAL_RANK", "", "This process's rank; else a launcher's (docs/reliability-store.md: RANK, PMI_RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...).", K::Integer, 0, kMaxRank},
       {"SHOAL_WORLD_SIZE", "", "Number of ranks; else a launcher's (WORLD_SIZE, PMI_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, ...).", K::Integer, 1, kMaxWorld},

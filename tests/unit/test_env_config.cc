@@ -228,5 +228,21 @@ TEST_F(Environment, TorchrunsStoreIsMasterPortPlusOne) {
   EXPECT_FALSE(discoverRanks(-1, -1, nullptr).store);
 }
 
+// Threads can outlive main() (a tcp store server thread reads the config table to log until the
+// registry's destructor stops it at exit), so the table must outlive static destruction. An
+// exit handler registered before the table exists runs after the table's own destructor would:
+// under ASan a destroyed table is a heap-use-after-free there, and the child exits non-zero.
+// (A fresh process, "threadsafe" style: no earlier test has built the table yet.)
+TEST(ConfigTable, ReadableAfterStaticDestruction) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::atexit([] { (void)config::getString("SHOAL_LOG_LEVEL"); });
+        (void)config::getString("SHOAL_LOG_LEVEL");  // builds the table now, after the handler
+        std::exit(0);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace shoal
