@@ -239,20 +239,16 @@ struct Pipeline {
 // Memory kept: at most one operation's buffers (of the order of its tensor's
 // bytes: bitmaps, members, payloads, local values), and only while they are
 // not far larger than what the recent calls needed: a state whose capacity
-// exceeds twice the largest need of the last kSpareWindow calls (plus
-// kSpareSlack) is freed instead of kept, so one huge call does not pin its
+// exceeds twice the largest need of the recent calls (SpareBudget,
+// sketch_host.h) is freed instead of kept, so one huge call does not pin its
 // memory for the instance's life, while a step's mix of large and small calls
 // (fusion buckets, then a small last one) keeps the large state. destroy()
 // frees the spare.
-constexpr int kSpareWindow = 16;
-constexpr size_t kSpareSlack = size_t(4) << 20;  // a few MiB are not worth giving back
-
 struct HostInstance : Instance {
   explicit HostInstance(const Instance& options) : Instance(options) {}
   std::mutex spareMutex;  // guards the fields below
   std::unique_ptr<OpState> spare;
-  size_t recentNeed = 0;   // the largest need of the calls since it was set
-  int callsSinceNeed = 0;  // ... and how many calls ago that was
+  SpareBudget budget;
 };
 
 template <class V>
@@ -310,7 +306,7 @@ void recycle(TensorPlan& plan) {
 void recycle(OpState& s) {
   if (s.pipeline) {
     Pipeline& p = *s.pipeline;
-    if (p.helper.joinable()) p.helper.join();  // (finish() joins a failed call's helper first)
+    // (its helper thread is joined: giveBack)
     p.next = 0;
     p.helperFailed = false;
     p.helperStatus = SHOAL_OK;
@@ -347,15 +343,13 @@ OpState* takeState(HostInstance& inst) {
 
 // A finished host operation's state: kept as the spare, or freed (see above).
 void giveBack(HostInstance& inst, OpState* s) {
+  // A call that failed between rounds may leave its helper running: joined before its buffers are read.
+  if (s->pipeline && s->pipeline->helper.joinable()) s->pipeline->helper.join();
   const size_t need = neededBytes(*s);
   recycle(*s);
   const size_t kept = keptBytes(*s);
   std::unique_lock<std::mutex> lock(inst.spareMutex);
-  if (need >= inst.recentNeed || ++inst.callsSinceNeed > kSpareWindow) {
-    inst.recentNeed = need;
-    inst.callsSinceNeed = 0;
-  }
-  if (!inst.spare && kept <= 2 * inst.recentNeed + kSpareSlack) {
+  if (inst.budget.keep(need, kept) && !inst.spare) {
     inst.spare.reset(s);
     return;
   }
@@ -1107,8 +1101,6 @@ void finish(void* instance, void* opState) {
     return;
   }
 #endif
-  // A call that failed between rounds may leave its helper running: joined before its buffers are read.
-  if (s->pipeline && s->pipeline->helper.joinable()) s->pipeline->helper.join();
   giveBack(*static_cast<HostInstance*>(instance), s);
 }
 

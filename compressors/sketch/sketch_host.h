@@ -79,6 +79,30 @@ inline void addMemberStats(const float* x, uint64_t mask, LocalStats& s) {
   for (; mask; mask &= mask - 1) addMemberStat(x[__builtin_ctzll(mask)], s);
 }
 
+// Whether a finished call's buffers (bytes of capacity) are worth keeping for
+// the next call (sketch.cc, giveBack): yes while they are at most twice the
+// largest need of the last kWindow calls plus kSlack, so a step's mix of large
+// and small calls keeps the large state, and one huge call's memory goes back
+// after kWindow smaller ones. Not thread-safe: the caller holds its lock.
+class SpareBudget {
+ public:
+  static constexpr int kWindow = 16;
+  static constexpr size_t kSlack = size_t(4) << 20;  // a few MiB are not worth giving back
+
+  // One finished call that needed `need` bytes and leaves `kept` bytes of capacity.
+  bool keep(size_t need, size_t kept) {
+    if (need >= recentNeed_ || ++callsSinceNeed_ > kWindow) {
+      recentNeed_ = need;
+      callsSinceNeed_ = 0;
+    }
+    return kept <= 2 * recentNeed_ + kSlack;
+  }
+
+ private:
+  size_t recentNeed_ = 0;   // the largest need of the calls since it was set
+  int callsSinceNeed_ = 0;  // ... and how many calls ago that was
+};
+
 // Room for a tensor's nonzero values, allocated but not initialised (the
 // pages a sparse tensor never reaches are never touched). Kept across calls
 // (sketch.cc keeps a finished operation's buffers): the scan allocates again

@@ -275,4 +275,21 @@ TEST(SketchHost, WriteMembersAlignedAndNot) {
   }
 }
 
+// The kept buffers' budget (sketch.cc keeps a finished call's state only within it): a large
+// call's state stays through up to SpareBudget::kWindow smaller calls (a step's buckets, then a
+// small one), and goes back after that many; what fits twice the need plus the slack stays.
+TEST(SketchHost, SpareBudgetKeepsARecentLargeStateAndLetsAnOldOneGo) {
+  constexpr size_t MiB = size_t(1) << 20;
+  SpareBudget budget;
+  EXPECT_TRUE(budget.keep(64 * MiB, 64 * MiB));  // the large call's own state
+  for (int k = 1; k <= SpareBudget::kWindow; ++k)
+    EXPECT_TRUE(budget.keep(MiB, 64 * MiB)) << "small call " << k << " after the large one";
+  EXPECT_FALSE(budget.keep(MiB, 64 * MiB)) << "a 64 MiB state kept past the window of small calls";
+  EXPECT_TRUE(budget.keep(MiB, 2 * MiB + SpareBudget::kSlack));  // within twice the need + the slack
+  EXPECT_FALSE(budget.keep(MiB, 2 * MiB + SpareBudget::kSlack + 1));
+  // A new large call resets the window at once.
+  EXPECT_TRUE(budget.keep(32 * MiB, 32 * MiB));
+  EXPECT_TRUE(budget.keep(MiB, 32 * MiB));
+}
+
 }  // namespace
