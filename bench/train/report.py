@@ -24,7 +24,8 @@ import statistics
 import subprocess
 
 BEGIN, END = "<!-- bench/train: begin -->", "<!-- bench/train: end -->"
-METRIC = {"digits_mlp": "accuracy", "pufferfish_cnn": "accuracy", "embeddings": "hit_rate"}
+METRIC = {"digits_mlp": "accuracy", "pufferfish_cnn": "accuracy", "pufferfish_mnist1d": "accuracy",
+          "embeddings": "hit_rate"}
 # The fidelity goal of each configuration: the largest allowed loss against dense, in points.
 GOAL_POINTS = {"shoal-fp16": 0.5, "shoal-bf16": 0.5, "shoal-topk": 0.5, "shoal-powersgd": 0.5,
                "ddp-none": 0.5, "ddp-fp16": 0.5, "pufferfish": 1.0, "pufferfish-fused": 1.0,
@@ -299,8 +300,7 @@ def speed_tables(out, summary, hosts):
                     text.append("| %s | %s | | | | | | | | | failed: %s |" % (rate, name,
                                                                           r["failed"].replace("|", "/")))
                     continue
-                sent = wire_bytes(os.path.join(out, "speed", rate, task, name + ".wire"))
-                per_step = sent / r["steps"] if sent is not None else None
+                per_step = sent_per_step(r, os.path.join(out, "speed", rate, task, name + ".wire"))
                 ms = r["step_ms_median"]
                 limit_ms = limits.get(local_of(name))
                 tta = tta_s(fid, name, steps)
@@ -485,8 +485,8 @@ def repeat_task_tables(out, task, rates, summary, hosts):
             cpu = [e.get("cpu_ms_per_step") if ok(e) else None for e in entries]
             sent = []
             for k, e in zip(names, entries):
-                b = wire_bytes(os.path.join(task_dir, k, name + ".wire")) if ok(e) else None
-                sent.append(b / e["steps"] / 1e6 if b is not None else None)
+                b = sent_per_step(e, os.path.join(task_dir, k, name + ".wire")) if ok(e) else None
+                sent.append(b / 1e6 if b is not None else None)
             text.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 name, show(spread(steps)), each(steps), show(spread(cpu)),
                 show(spread(paired(ddp_ms, steps)), "%.2f", "×"),
@@ -602,6 +602,16 @@ def speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, ddp_tta):
         rows.append(("%s, 1gbit: best shoal step within 1.25× of no communication" % task,
                      "%s: %.2f×" % best_limit, "yes" if best_limit[1] <= 1.25 else "no"))
     return rows
+
+
+def sent_per_step(result, wire_path):
+    """Bytes a host sent per step: the run's own count over its timed steps (tx_bytes_per_step,
+    --count-wire) where it has one; else, for runs from before it was recorded, the whole launch's
+    (wire.sh) over its steps, which spreads the set-up's traffic over them (too high for short runs)."""
+    if result.get("tx_bytes_per_step") is not None:
+        return result["tx_bytes_per_step"]
+    sent = wire_bytes(wire_path)
+    return sent / result["steps"] if sent is not None and result.get("steps") else None
 
 
 def wire_bytes(path):

@@ -16,6 +16,8 @@
 #                   same, its factorized gradients in one fused allreduce, as Pufferfish sends them),
 #                   powerfish (PowerSGD during the warm-up, then factorized), powersgd (full rank);
 #                   DDP gloo dense and + fp16 hook (full rank: their epochs to dense's accuracy)
+#   pufferfish_mnist1d  the same configurations, pufferfish_cnn.py --dataset mnist1d (the CNN in 1-D
+#                   on MNIST-1D generated offline: 8000 training, 4000 test samples against digits' 360)
 #   embeddings      shoal none, fp16, bf16, topk, powersgd, sketch (50,000 training interactions)
 #
 # Speed (the emulated cluster of bench/netns, one rank per host namespace, --hosts hosts, each
@@ -27,8 +29,9 @@
 # pufferfish, pufferfish-fused and powerfish factorized from the first step (--warmup-frac 0), with
 # a second no-communication run of the factorized step (local-factorized); report.py puts the
 # warm-up's full-rank step and the factorized step together for the time to dense's accuracy.
-# bench/netns/wire.sh counts the bytes each host's interface
-# sent meanwhile (<config>.wire). --bind binds each rank to its own share of the CPUs
+# Each rank counts the bytes its host's interface sends during the timed steps (--count-wire:
+# tx_bytes_per_step, rank 0's host, the set-up's parameter broadcast not in it); bench/netns/wire.sh
+# counts the whole launch's per host as well (<config>.wire). --bind binds each rank to its own share of the CPUs
 # (bench/train/bind.sh, as shoalrun --bind-to cores does on one host; bench/netns/run.sh leaves
 # the ranks unbound). A run that fails is recorded with its error. Needs root
 # and ip netns (bench/netns/cluster.sh: --netns names it, default shoaltrain, --subnet gives its
@@ -65,7 +68,7 @@ out="$here/results"
 fidelity=0
 speed=0
 seeds=3
-tasks="digits_mlp pufferfish_cnn embeddings"
+tasks="digits_mlp pufferfish_cnn pufferfish_mnist1d embeddings"
 rates="1gbit 100mbit"
 hosts=2
 speed_steps=20
@@ -139,7 +142,7 @@ configs_fidelity() {
       "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
       "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" \
       "ddp-none:--backend ddp --ddp-hook none" "ddp-fp16:--backend ddp --ddp-hook fp16" ;;
-    pufferfish_cnn) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
+    pufferfish_cnn|pufferfish_mnist1d) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
       "pufferfish:--compression none --warmup-frac 0.25" \
       "pufferfish-fused:--compression none --warmup-frac 0.25 --fused" \
       "powerfish:--compression powersgd --after-compression none --warmup-frac 0.25" \
@@ -155,7 +158,7 @@ configs_speed() {
     # The configurations of its fidelity runs, each phase's step on its own: full rank throughout
     # (--warmup-frac 1), or factorized from the first step (--warmup-frac 0); powerfish's
     # factorized phase runs with --after-compression none, as in its fidelity runs.
-    pufferfish_cnn) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
+    pufferfish_cnn|pufferfish_mnist1d) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
       "shoal-powersgd:--compression powersgd --powersgd-rank 4 --warmup-frac 1" \
       "pufferfish:--compression none --warmup-frac 0" "pufferfish-fused:--compression none --warmup-frac 0 --fused" \
       "powerfish:--compression powersgd --after-compression none --warmup-frac 0" \
@@ -169,13 +172,20 @@ configs_speed() {
 }
 configs_local() {  # the no-communication runs of a task's speed phase, "name:arguments"
   case "$1" in
-    pufferfish_cnn) printf '%s\n' "local:--warmup-frac 1" "local-factorized:--warmup-frac 0" ;;
+    pufferfish_cnn|pufferfish_mnist1d) printf '%s\n' "local:--warmup-frac 1" "local-factorized:--warmup-frac 0" ;;
     *) echo "local:" ;;
+  esac
+}
+script_of() {  # the example a task runs: pufferfish_mnist1d is pufferfish_cnn.py on MNIST-1D
+  case "$1" in
+    pufferfish_mnist1d) echo pufferfish_cnn ;;
+    *) echo "$1" ;;
   esac
 }
 task_args() {  # arguments every run of a task gets
   case "$1" in
     embeddings) echo "--interactions 50000" ;;
+    pufferfish_mnist1d) echo "--dataset mnist1d" ;;
     *) echo "" ;;
   esac
 }
@@ -199,7 +209,7 @@ if ((fidelity)); then
         echo "fidelity $task $name seed $seed" >&2
         # shellcheck disable=SC2086
         run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np 2 --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
-          "$repo/examples/train/$task.py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
+          "$repo/examples/train/$(script_of "$task").py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
       done < <(configs_fidelity "$task")
     done
   done
@@ -222,12 +232,12 @@ if ((speed)); then
       # shellcheck disable=SC2086
       RUN_TIMEOUT=$((speed_timeout + 30)) run "$json" "$repo/bench/netns/wire.sh" --name "$cluster" "${json%.json}.wire" -- \
         "$repo/bench/netns/run.sh" --name "$cluster" --timeout-s "$speed_timeout" "${bind_prefix[@]}" "$PYTHON" \
-        "$repo/examples/train/$task.py" $(task_args "$task") $args --epochs 1 --max-steps "$speed_steps"
+        "$repo/examples/train/$(script_of "$task").py" $(task_args "$task") $args --epochs 1 --max-steps "$speed_steps" --count-wire
     }
     # local_run JSON TASK ARGS: the limit, the same step on one rank without communication.
     local_run() {
       # shellcheck disable=SC2086
-      RUN_TIMEOUT=$speed_timeout run "$1" "$PYTHON" "$repo/examples/train/$2.py" $(task_args "$2") $3 \
+      RUN_TIMEOUT=$speed_timeout run "$1" "$PYTHON" "$repo/examples/train/$(script_of "$2").py" $(task_args "$2") $3 \
         --backend local --epochs 1 --max-steps "$speed_steps"
     }
     if ((repeats == 1)); then  # the single-run layout: speed/local/<task>/, speed/<rate>/<task>/

@@ -44,7 +44,7 @@ def parser(description, epochs, batch_size, lr):
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=batch_size, help="samples per rank per step")
-    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--lr", type=float, default=lr, help=None if lr is not None else "default: the task's")
     p.add_argument("--max-steps", type=int, default=0, help="cap on steps per epoch (0: the whole epoch)")
     p.add_argument("--train-subset", type=int, default=0, help="use only the first N training samples (0: all)")
     p.add_argument("--backend", choices=("shoal", "ddp", "local"), default="shoal")
@@ -54,6 +54,10 @@ def parser(description, epochs, batch_size, lr):
     p.add_argument("--ddp-port", type=int, default=0, help="backend ddp: rendezvous port (0: SHOAL_STORE's + 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--json", default=None, help="rank 0 writes the run's results here")
+    p.add_argument("--count-wire", action="store_true",
+                   help="count the bytes this rank's network namespace sends on its interfaces other than "
+                        "loopback (/proc/net/dev) around every step: tx_bytes_per_step over the timed steps "
+                        "(bench/train/run.sh's speed runs, one rank per emulated host)")
     p.add_argument("--compressions", default=None,
                    help="backend shoal: a comma list of compressors trained one after another in this one launch, "
                         "each from the same seed and data as a run of its own (--json FILE: each run's results "
@@ -266,14 +270,19 @@ class Recorder:
         self.args, self.dist, self.metric = args, dist, metric_name
         self.step_s = []
         self.cpu_s = []
+        self.tx = []   # --count-wire: tx[i] bytes sent before step i, tx[i + 1] after it
         self.train_s = 0.0
         self.epochs = []
         self.extra = {}
 
     def timed_step(self, step):
+        if self.args.count_wire and not self.tx:
+            self.tx.append(tx_bytes())
         start, cpu_start = time.perf_counter(), time.process_time()
         loss = step()
         elapsed = time.perf_counter() - start
+        if self.args.count_wire:
+            self.tx.append(tx_bytes())
         # CPU of every thread of this process (shoal's runtime thread too): next to the
         # wall-clock step it says how much of the step was this rank's work, on a shared machine.
         self.cpu_s.append(time.process_time() - cpu_start)
@@ -303,8 +312,16 @@ class Recorder:
         kept = sorted(steps[3:] or steps)
         mean = sum(kept) / len(kept)
         cpu = cpus[3:] or cpus
-        return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(steps),
-                "cpu_ms_per_step": 1e3 * sum(cpu) / len(cpu)}
+        stats = {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * kept[len(kept) // 2], "steps": len(steps),
+                 "cpu_ms_per_step": 1e3 * sum(cpu) / len(cpu)}
+        if self.tx:
+            # The same steps as the times: the set-up's traffic (the parameters' broadcast) and the
+            # first 3 steps are not in it.
+            begin = first + (3 if len(steps) > 3 else 0)
+            end = first + len(steps)
+            if self.tx[begin] is not None and self.tx[end] is not None:
+                stats["tx_bytes_per_step"] = (self.tx[end] - self.tx[begin]) / (end - begin)
+        return stats
 
     def finish(self, model, final_metric):
         # Every rank must take part in the digest exchange; only rank 0 reports.
@@ -324,6 +341,18 @@ class Recorder:
                 with open(self.args.json, "w") as f:
                     json.dump(result, f, indent=1)
             print("accuracy=%.6f" % final_metric, flush=True)
+
+
+def tx_bytes():
+    """Bytes sent so far on this network namespace's interfaces other than loopback (/proc/net/dev
+    is per namespace: on an emulated host, its link), or None where it cannot be read."""
+    try:
+        with open("/proc/net/dev") as f:
+            lines = f.read().splitlines()[2:]
+        return sum(int(data.split()[8]) for name, data in (line.split(":", 1) for line in lines)
+                   if name.strip() != "lo")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def digits(subset=0):
@@ -367,3 +396,61 @@ def classify(model, x, y, batch=512):
             correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
     model.train()
     return correct / len(y)
+
+
+# MNIST-1D's ten templates, drawn for shoal (not the reference set's): 12 points each, a stroke-like
+# profile per digit that a shift or a shear alone does not turn into another's.
+_MNIST1D_TEMPLATES = (
+    (0.0, 0.6, 1.0, 0.9, 0.4, -0.3, -0.9, -1.0, -0.6, 0.0, 0.5, 0.0),     # 0: one slow wave
+    (0.0, 0.0, 0.2, 1.0, 1.0, 1.0, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0),          # 1: a single plateau
+    (0.0, 0.8, 0.2, 0.8, 0.2, 0.8, 0.0, -0.5, -0.5, -0.5, -0.5, 0.0),      # 2: ripples, then a trough
+    (0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0),          # 3: four peaks
+    (0.0, -1.0, -1.0, 0.0, 1.0, 1.0, 0.0, -1.0, -1.0, 0.0, 0.0, 0.0),      # 4: trough, peak, trough
+    (0.0, 0.3, 0.6, 0.9, 1.2, 1.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0),        # 5: a ramp that drops
+    (0.0, -0.5, -0.5, -1.5, -1.2, -0.9, -0.6, -0.3, 0.0, 0.0, 0.0, 0.0),   # 6: a drop that ramps back
+    (0.0, 1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),        # 7: a short fast zigzag
+    (0.0, 0.5, 1.0, 0.5, 0.0, 0.5, 1.0, 0.5, 0.0, -0.8, -0.8, 0.0),        # 8: two humps and a dip
+    (0.0, 0.0, 0.0, -0.8, -0.8, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0),        # 9: a dip, then a long plateau
+)
+
+
+def mnist1d(n_train=8000, n_test=4000, length=40, seed=1234):
+    """MNIST-1D (Greydanus, "Scaling down deep learning", 2020) generated here, offline, after that
+    paper's recipe with shoal's own ten templates: each sample is its digit's 12-point template,
+    stretched over a random width and amplitude, placed at a random offset of a 64-point frame,
+    sheared (a random linear ramp added), with smooth correlated noise and a little white noise,
+    then resampled to `length` points. A fixed seed, so every rank and run holds the same set;
+    standardized with one scale. Far more test samples than digits' 360 (one sample is 0.025 of a
+    point at 4000), and harder: a linear model does poorly, a CNN well.
+    Returns (x_train, y_train, x_test, y_test), x as [n, 1, length]."""
+    import numpy
+    rng = numpy.random.default_rng(seed)
+    n, frame = n_train + n_test, 64
+    templates = numpy.asarray(_MNIST1D_TEMPLATES, dtype=numpy.float64)
+    y = rng.integers(0, 10, size=n)
+    width = rng.integers(24, 41, size=n)                 # frame points the template covers
+    start = rng.integers(0, frame - 23, size=n)          # its offset; past the end it wraps around
+    amplitude = rng.uniform(0.75, 1.25, size=n)
+    shear = rng.uniform(-0.75, 0.75, size=n)
+    grid = numpy.arange(frame)
+    # Where each frame point falls on its template (0..11), or outside it.
+    pos = ((grid[None, :] - start[:, None]) % frame) * 11.0 / (width[:, None] - 1)
+    inside = pos <= 11.0
+    low = numpy.minimum(numpy.floor(pos).astype(int), 10)
+    frac = pos - low
+    t = templates[y]
+    signal = numpy.where(inside, (1 - frac) * numpy.take_along_axis(t, numpy.clip(low, 0, 10), 1) +
+                         frac * numpy.take_along_axis(t, numpy.clip(low + 1, 0, 11), 1), 0.0)
+    signal = amplitude[:, None] * signal + shear[:, None] * (grid[None, :] / (frame - 1) - 0.5)
+    kernel = numpy.exp(-0.5 * (numpy.arange(-6, 7) / 2.0) ** 2)
+    kernel /= numpy.sqrt((kernel ** 2).sum())            # unit variance after smoothing
+    white = rng.standard_normal((n, frame + 12))
+    smooth = numpy.stack([numpy.convolve(row, kernel, mode="valid") for row in white])
+    signal += 0.25 * smooth + 0.02 * rng.standard_normal((n, frame))
+    # Resample the frame to `length` points (linear interpolation).
+    at = numpy.linspace(0, frame - 1, length)
+    x = numpy.stack([numpy.interp(at, grid, row) for row in signal])
+    x = (x - x.mean()) / x.std()
+    x = torch.tensor(x, dtype=torch.float32).view(n, 1, length)
+    y = torch.tensor(y, dtype=torch.int64)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]

@@ -320,3 +320,52 @@ def test_pufferfish_single_run(report, tmp_path, monkeypatch, capsys):
     assert any(l.startswith("| pufferfish_cnn, 1gbit: best shoal step within 1.25× of no communication")
                and "| shoal-powersgd: 3.00× | no |" in l for l in lines)
     capsys.readouterr()
+
+
+# ---- bytes sent per step ------------------------------------------------------------------------
+
+def test_sent_per_step_prefers_the_runs_own_count_over_the_launchs(report, tmp_path):
+    """A run's own count over its timed steps (--count-wire) is the number; the whole launch's
+    wire.sh count over its steps is only the fallback for results from before it was recorded
+    (it spreads the set-up's broadcast over the steps)."""
+    wire = tmp_path / "shoal-powersgd.wire"
+    wire.write_text(json.dumps({"hosts": [{"tx_bytes": 6_200_000}, {"tx_bytes": 6_000_000}]}))
+    assert report.sent_per_step({"steps": 20, "tx_bytes_per_step": 80_000.0}, str(wire)) == 80_000.0
+    assert report.sent_per_step({"steps": 20}, str(wire)) == 300_000.0          # the fewest, over 20 steps
+    assert report.sent_per_step({"steps": 20}, str(tmp_path / "absent.wire")) is None
+
+
+def test_recorder_counts_the_timed_steps_bytes_only(monkeypatch):
+    """common.Recorder --count-wire: the bytes of the timed steps over their number; the set-up
+    before the first step (5 MB here) and the first 3 steps (50 kB each) are not in it."""
+    sys.path.insert(0, os.path.join(ROOT, "examples", "train"))
+    try:
+        common = pytest.importorskip("common")
+    finally:
+        sys.path.pop(0)
+    readings = [5_000_000]
+    for i in range(10):
+        readings.append(readings[-1] + (50_000 if i < 3 else 1_000))
+    sent = iter(readings)
+    monkeypatch.setattr(common, "tx_bytes", lambda: next(sent))
+
+    class Args:
+        count_wire = True
+    record = common.Recorder(Args, None, "accuracy")
+    for _ in range(10):
+        record.timed_step(lambda: 0.0)
+    stats = record.step_stats()
+    assert stats["steps"] == 10 and stats["tx_bytes_per_step"] == 1_000
+    assert next(sent, None) is None   # read once before the first step and once after each
+    # A phase of its own (pufferfish_cnn.py's factorized steps, from step 5 on): its own steps 8..9.
+    assert record.step_stats(5)["tx_bytes_per_step"] == 1_000
+
+    # Without --count-wire nothing is read and nothing reported.
+    def unread():
+        raise AssertionError("tx_bytes read without --count-wire")
+    monkeypatch.setattr(common, "tx_bytes", unread)
+    Args.count_wire = False
+    plain = common.Recorder(Args, None, "accuracy")
+    for _ in range(5):
+        plain.timed_step(lambda: 0.0)
+    assert "tx_bytes_per_step" not in plain.step_stats()
