@@ -2,7 +2,8 @@
 # An emulated cluster on one machine: N network namespaces ("hosts") joined by
 # veth pairs to a bridge, each host's link limited with tc.
 #
-#   bench/netns/cluster.sh up N --rate 10gbit [--delay 50us] [--name NAME] [--subnet 10.211.0]
+#   bench/netns/cluster.sh up N --rate 10gbit [--delay 50us] [--burst auto] [--segment auto]
+#                             [--name NAME] [--subnet 10.211.0]
 #   bench/netns/cluster.sh down [--name NAME]
 #   bench/netns/cluster.sh hosts [--name NAME]     one line per host: "INDEX NAMESPACE ADDRESS DEVICE"
 #
@@ -17,6 +18,16 @@
 # --delay adds netem latency to what each host sends (one way; a round trip between two hosts
 # crosses it twice). Rates and delays are tc(8) units: 1gbit, 10gbit, 50us, 1ms.
 #
+# --burst is the token bucket's depth, a time at the rate (250us, 4ms) or bytes (32768): what a
+# host may send at the veth's own speed after a pause. A real NIC never sends faster than its
+# rate, so the default (auto) keeps the bucket shallow: 250 us at the rate, at least two of the
+# largest packets. --segment caps those packets (the interfaces' gso_max_size; the bucket must
+# hold one): auto is 16 KiB up to 1 Gbit/s (a 32 KiB bucket there), else the kernel's 64 KiB (at
+# 10 Gbit/s smaller packets halved what this 2-core VM could move). Until 2026-12-03 the bucket
+# was 4 ms deep (--burst 4ms --segment 65536): a step that sends under ~500 KB every few ms
+# then crossed a "1 Gbit/s" link ~20x faster than 1 Gbit/s allows (docs/benchmarks.md,
+# "The emulated link's burst").
+#
 # Ownership: "up" records every namespace it creates in STATE_DIR/NAME (default
 # /run/shoal-netns; SHOAL_NETNS_STATE_DIR overrides) as soon as it exists, refuses to start if
 # any of its namespace names is already taken or the cluster is already up, and "down" deletes
@@ -29,6 +40,8 @@ name=shoalnet
 subnet=10.211.0
 rate=""
 delay=""
+burst=auto
+segment=auto
 count=""
 state_root="${SHOAL_NETNS_STATE_DIR:-/run/shoal-netns}"
 
@@ -52,6 +65,8 @@ while (($#)); do
   case "$1" in
     --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
     --delay) delay="${2:?--delay needs a value}"; shift 2 ;;
+    --burst) burst="${2:?--burst needs a value}"; shift 2 ;;
+    --segment) segment="${2:?--segment needs a value}"; shift 2 ;;
     --name) name="${2:?--name needs a value}"; shift 2 ;;
     --subnet) subnet="${2:?--subnet needs a value}"; shift 2 ;;
     *) echo "cluster.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -99,20 +114,49 @@ hosts() {
   cat "$state/hosts"
 }
 
-# Adds the link limits to DEV in NS: tbf at the rate, behind netem when a delay is asked for.
+# The largest packet (bytes) the interfaces may hand to the qdisc, from --segment.
+segment_bytes() {
+  if [[ "$segment" == auto ]]; then
+    if (($(rate_bytes_per_s "$rate") <= 125000000)); then echo 16384; else echo 65536; fi
+  elif [[ "$segment" =~ ^[0-9]+$ ]] && ((segment >= 1500 && segment <= 65536)); then
+    echo "$segment"
+  else
+    die "--segment takes auto or a packet size in bytes from 1500 to 65536, not '$segment'"
+  fi
+}
+
+# The token bucket's depth in bytes, from --burst: auto, a time (us, ms, s) or bytes.
+burst_bytes() {
+  local bps seg b
+  bps=$(rate_bytes_per_s "$rate") seg=$(segment_bytes)
+  case "$burst" in
+    auto) b=$((bps / 4000)); ((b < 2 * seg)) && b=$((2 * seg)) ;;
+    *us) [[ "${burst%us}" =~ ^[0-9]+$ ]] || die "--burst '$burst' is not a time like 250us or 4ms"
+         b=$((bps * ${burst%us} / 1000000)) ;;
+    *ms) [[ "${burst%ms}" =~ ^[0-9]+$ ]] || die "--burst '$burst' is not a time like 250us or 4ms"
+         b=$((bps * ${burst%ms} / 1000)) ;;
+    *[0-9]) [[ "$burst" =~ ^[0-9]+$ ]] || die "--burst '$burst' is not a time like 250us or bytes"; b=$burst ;;
+    *) die "--burst takes auto, a time (250us, 4ms) or bytes, not '$burst'" ;;
+  esac
+  ((b >= seg)) || die "--burst '$burst' ($b bytes) is smaller than one packet of --segment $seg bytes: tbf would drop it"
+  echo "$b"
+}
+
+# Adds the link limits to DEV in NS: tbf at the rate, behind netem when a delay is asked for;
+# packets no larger than --segment.
 shape() {
-  local ns=$1 dev=$2 with_delay=$3 bps burst limit parent="root"
+  local ns=$1 dev=$2 with_delay=$3 bps burst_b limit parent="root"
   bps=$(rate_bytes_per_s "$rate")
-  # burst: 4 ms at the rate (>= rate/HZ for any HZ >= 250, and far above one 64 KiB GSO
-  # segment); queue: 20 ms more, enough for TCP to fill the pipe without drops at these RTTs.
-  burst=$((bps / 250)); ((burst < 65536)) && burst=65536
-  limit=$((burst + bps / 50))
+  burst_b=$(burst_bytes)
+  ip -n "$ns" link set dev "$dev" gso_max_size "$(segment_bytes)"
+  # queue: 20 ms past the bucket, enough for TCP to fill the pipe without drops at these RTTs.
+  limit=$((burst_b + bps / 50))
   if [[ "$with_delay" == 1 && -n "$delay" ]]; then
     tc -n "$ns" qdisc add dev "$dev" root handle 1: netem delay "$delay" limit 100000
     parent="parent 1:1"
   fi
   # shellcheck disable=SC2086  # parent is two words or one
-  tc -n "$ns" qdisc add dev "$dev" $parent handle 10: tbf rate "$rate" burst "$burst" limit "$limit"
+  tc -n "$ns" qdisc add dev "$dev" $parent handle 10: tbf rate "$rate" burst "$burst_b" limit "$limit"
 }
 
 # Whether this kernel has sch_netem: tried on lo of a scratch namespace that "up" made itself.
@@ -127,6 +171,7 @@ netem_available() {
 up() {
   [[ -n "$rate" ]] || { echo "cluster.sh up: --rate is required (e.g. --rate 10gbit)" >&2; exit 2; }
   rate_bytes_per_s "$rate" >/dev/null
+  burst_bytes >/dev/null   # a bad --burst or --segment is a usage error before anything is made
   if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
     echo "cluster.sh: cannot create network namespaces here: ip and tc missing (apt-get install iproute2)" >&2
     exit 77
@@ -181,12 +226,14 @@ up() {
   {
     echo "rate=$rate"
     echo "delay=${delay:-0}"
+    echo "burst_bytes=$(burst_bytes)"
+    echo "segment_bytes=$(segment_bytes)"
     echo "count=$count"
   } >"$state/link"
   mv "$state/hosts.tmp" "$state/hosts"
   rm -f "$state/err"
   trap - ERR
-  echo "cluster.sh: cluster '$name' up: $count hosts $subnet.1-$count, $rate per host${delay:+, $delay one-way delay}"
+  echo "cluster.sh: cluster '$name' up: $count hosts $subnet.1-$count, $rate per host (bucket $(burst_bytes) B, packets <= $(segment_bytes) B)${delay:+, $delay one-way delay}"
 }
 
 case "$cmd" in

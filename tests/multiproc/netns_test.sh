@@ -6,6 +6,8 @@
 #   - dense and sketch (1% density) allreduces across the hosts are exact, and the sketch puts
 #     at least 3x fewer bytes on the wire than dense (eth0's counters, read by wire.sh);
 #   - killing one rank in the middle of an allreduce fails the other promptly;
+#   - a short message after a pause crosses the link no faster than its rate (the token bucket
+#     is shallow: with the 4 ms bucket of before, 320 KB every 5 ms crossed 20x too fast);
 #   - cluster.sh refuses a namespace name it did not create, and down removes all it made.
 # Usage: netns_test.sh <bin dir>. Exits 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
@@ -157,6 +159,48 @@ if [[ -x "$bin/shoal-runtime-bench" ]]; then
 else
   echo "(shoal-runtime-bench not built: SHOAL_BUILD_BENCH=OFF; step skipped)"
 fi
+
+echo "== a short message after a pause crosses no faster than 1 Gbit/s"
+cat > "$tmp/pingpong.py" <<'PY'
+import socket, sys, time
+role, address, size = sys.argv[1], sys.argv[2], 320000
+if role == "recv":
+    server = socket.create_server((address, 5601))
+    peer, _ = server.accept()
+    while True:
+        got = 0
+        while got < size:
+            chunk = peer.recv(1 << 20)
+            if not chunk:
+                sys.exit(0)
+            got += len(chunk)
+        peer.sendall(b"k")
+else:
+    for _ in range(50):  # the receiver may still be starting
+        try:
+            peer = socket.create_connection((address, 5601))
+            break
+        except OSError:
+            time.sleep(0.1)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data, times = b"x" * size, []
+    for _ in range(21):
+        time.sleep(0.005)  # a pause: the bucket refills
+        start = time.perf_counter()
+        peer.sendall(data)
+        peer.recv(1)
+        times.append(time.perf_counter() - start)
+    print("%.3f" % (1e3 * sorted(times)[len(times) // 2]))
+PY
+h1=$(awk '$1 == 1 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts") a1=$(awk '$1 == 1 {print $3}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
+h2=$(awk '$1 == 2 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
+timeout 30 ip netns exec "$h1" python3 "$tmp/pingpong.py" recv "$a1" & receiver=$!
+ms=$(timeout 30 ip netns exec "$h2" python3 "$tmp/pingpong.py" send "$a1")
+wait "$receiver"
+# 320 KB at 1 Gbit/s is 2.56 ms; the bucket (32 KiB) lets ~0.26 ms of it through at once.
+echo "320 KB after a 5 ms pause: ${ms:-no result} ms (2.56 ms at the rate)"
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 1.8 else 1)' "${ms:-0}" ||
+  { echo "FAIL: 320 KB crossed the 1 Gbit/s link in ${ms:-?} ms, under 1.8 ms: the token bucket is too deep"; fail=1; }
 
 echo "== cluster.sh touches only what it made"
 ip netns add "${name}x-h2" || { echo "FAIL: ip netns add"; fail=1; }
