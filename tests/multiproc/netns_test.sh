@@ -161,41 +161,11 @@ else
 fi
 
 echo "== a short message after a pause crosses no faster than 1 Gbit/s"
-cat > "$tmp/pingpong.py" <<'PY'
-import socket, sys, time
-role, address, size = sys.argv[1], sys.argv[2], 320000
-if role == "recv":
-    server = socket.create_server((address, 5601))
-    peer, _ = server.accept()
-    while True:
-        got = 0
-        while got < size:
-            chunk = peer.recv(1 << 20)
-            if not chunk:
-                sys.exit(0)
-            got += len(chunk)
-        peer.sendall(b"k")
-else:
-    for _ in range(50):  # the receiver may still be starting
-        try:
-            peer = socket.create_connection((address, 5601))
-            break
-        except OSError:
-            time.sleep(0.1)
-    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    data, times = b"x" * size, []
-    for _ in range(21):
-        time.sleep(0.005)  # a pause: the bucket refills
-        start = time.perf_counter()
-        peer.sendall(data)
-        peer.recv(1)
-        times.append(time.perf_counter() - start)
-    print("%.3f" % (1e3 * sorted(times)[len(times) // 2]))
-PY
 h1=$(awk '$1 == 1 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts") a1=$(awk '$1 == 1 {print $3}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
 h2=$(awk '$1 == 2 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
-timeout 30 ip netns exec "$h1" python3 "$tmp/pingpong.py" recv "$a1" & receiver=$!
-ms=$(timeout 30 ip netns exec "$h2" python3 "$tmp/pingpong.py" send "$a1")
+timeout 30 ip netns exec "$h1" python3 "$netns/pingpong.py" recv "$a1" & receiver=$!
+ms=$(timeout 30 ip netns exec "$h2" python3 "$netns/pingpong.py" send "$a1" --size 320000 --pause 0.005 |
+     sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p')
 wait "$receiver"
 # 320 KB at 1 Gbit/s is 2.56 ms; the bucket (32 KiB) lets ~0.26 ms of it through at once.
 echo "320 KB after a 5 ms pause: ${ms:-no result} ms (2.56 ms at the rate)"
