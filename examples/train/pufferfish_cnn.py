@@ -1,6 +1,7 @@
-"""Pufferfish on a small CNN: full rank first, then factorized layers, on digits as 8x8 images.
+"""Pufferfish on a small CNN: full rank first, then factorized layers, on digits (8x8) or MNIST-1D.
 
     shoalrun -np 2 python3 examples/train/pufferfish_cnn.py --epochs 8 --warmup-frac 0.25
+    shoalrun -np 2 python3 examples/train/pufferfish_cnn.py --dataset mnist1d
     shoalrun -np 2 python3 examples/train/pufferfish_cnn.py --compression powersgd --after-compression none
 
 The CNN (conv1 1->32, conv2 32->64, pool, conv3 64->128, pool, fc1 512->256, fc2 256->10;
@@ -10,6 +11,8 @@ shoal.torch.pufferfish.factorize_model replaces conv2, conv3 and fc1 by pairs of
 layers at rank min(out, in*k*k) / --rank-factor (conv1 and fc2, the first and last layers,
 stay full rank, as in Pufferfish's hybrid networks), identically on every rank; a new
 optimizer trains the factorized model on with --after-compression (default: --compression).
+--dataset mnist1d trains the same layers in 1-D on MNIST-1D generated offline (common.mnist1d:
+4000 test samples against digits' 360, so a fraction of a point is measurable).
 --warmup-frac 1 trains full rank throughout and needs no factorization; --warmup-frac 0
 factorizes before the first step (bench/train/run.sh times the factorized step so). A run that
 factorizes mid-way also reports each phase's step times ("phases" in --json's results).

@@ -155,13 +155,13 @@ def test_pufferfish_factorizes(fused, args, tmp_path):
 def test_pufferfish_on_mnist1d(tmp_path):
     """The CNN in 1-D on MNIST-1D (pufferfish_cnn.py --dataset mnist1d, bench/train's
     pufferfish_mnist1d task): full rank for the first epoch, then factorized; the loss falls, the
-    accuracy passes a floor (0.38 with seeds 1 and 2 after 2 x 125 steps; chance 0.1) and the ranks
+    accuracy passes a floor (0.48-0.51 with seeds 1-3 after 2 x 125 steps; chance 0.1) and the ranks
     end bit-identical."""
     pytest.importorskip("torch")
     rc, out, data = train("pufferfish_cnn.py", ["--dataset", "mnist1d", "--epochs", "2", "--seed", "1",
                                                 "--warmup-frac", "0.5", "--max-steps", "125"], tmp_path)
     assert rc == 0, out
-    check_training(out, data, "accuracy", 0.25)
+    check_training(out, data, "accuracy", 0.35)
     assert data["parameters_full_rank"] == 382090 and data["parameters_factorized"] == 119434, out
     assert data["identical"] is True, "ranks ended with different factorized parameters:\n" + out
 
