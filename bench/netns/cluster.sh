@@ -18,15 +18,16 @@
 # --delay adds netem latency to what each host sends (one way; a round trip between two hosts
 # crosses it twice). Rates and delays are tc(8) units: 1gbit, 10gbit, 50us, 1ms.
 #
-# --burst is the token bucket's depth, a time at the rate (250us, 4ms) or bytes (32768): what a
+# --burst is the token bucket's depth, a time at the rate (250us, 4ms) or bytes (131072): what a
 # host may send at the veth's own speed after a pause. A real NIC never sends faster than its
-# rate, so the default (auto) keeps the bucket shallow: 250 us at the rate, at least two of the
-# largest packets. --segment caps those packets (the interfaces' gso_max_size; the bucket must
-# hold one): auto is 16 KiB up to 1 Gbit/s (a 32 KiB bucket there), else the kernel's 64 KiB (at
-# 10 Gbit/s smaller packets halved what this 2-core VM could move). Until 2026-12-03 the bucket
-# was 4 ms deep (--burst 4ms --segment 65536): a step that sends under ~500 KB every few ms
-# then crossed a "1 Gbit/s" link ~20x faster than 1 Gbit/s allows (docs/benchmarks.md,
-# "The emulated link's burst").
+# rate, but tbf needs some depth to keep the rate while the 2 shared cores run late, so the
+# default (auto) is 1 ms at the rate, at least two of the largest packets: a message after a
+# pause gets at most its first ~1 ms at the veth's speed. --segment caps those packets (the
+# interfaces' gso_max_size; the bucket must hold one): auto is the kernel's 64 KiB from 1 Gbit/s
+# up (16 KiB packets cost this 2-core VM 5-6% of a 1 Gbit/s link in CPU), 16 KiB below it.
+# Until 2026-12-03 the bucket was 4 ms deep (--burst 4ms): 320 KB after a pause then crossed a
+# "1 Gbit/s" link 20x faster than 1 Gbit/s allows (docs/benchmarks.md, "The emulated link's
+# burst").
 #
 # Ownership: "up" records every namespace it creates in STATE_DIR/NAME (default
 # /run/shoal-netns; SHOAL_NETNS_STATE_DIR overrides) as soon as it exists, refuses to start if
@@ -117,7 +118,7 @@ hosts() {
 # The largest packet (bytes) the interfaces may hand to the qdisc, from --segment.
 segment_bytes() {
   if [[ "$segment" == auto ]]; then
-    if (($(rate_bytes_per_s "$rate") <= 125000000)); then echo 16384; else echo 65536; fi
+    if (($(rate_bytes_per_s "$rate") < 125000000)); then echo 16384; else echo 65536; fi
   elif [[ "$segment" =~ ^[0-9]+$ ]] && ((segment >= 1500 && segment <= 65536)); then
     echo "$segment"
   else
@@ -130,7 +131,7 @@ burst_bytes() {
   local bps seg b
   bps=$(rate_bytes_per_s "$rate") seg=$(segment_bytes)
   case "$burst" in
-    auto) b=$((bps / 4000)); ((b < 2 * seg)) && b=$((2 * seg)) ;;
+    auto) b=$((bps / 1000)); ((b < 2 * seg)) && b=$((2 * seg)) ;;
     *us) [[ "${burst%us}" =~ ^[0-9]+$ ]] || die "--burst '$burst' is not a time like 250us or 4ms"
          b=$((bps * ${burst%us} / 1000000)) ;;
     *ms) [[ "${burst%ms}" =~ ^[0-9]+$ ]] || die "--burst '$burst' is not a time like 250us or 4ms"

@@ -5,7 +5,7 @@
 #   bench/netns/headline.sh [--size 256M] [--rates "1gbit 10gbit"] [--hosts 4] [--repeats 3]
 #                           [--iters 2] [--densities "0.001 0.01 0.05"] [--overlap 0.5]
 #                           [--only LIST] [--no-loopback] [--no-docs] [--quick] [--out DIR]
-#                           [--name NAME] [--subnet A.B.C]
+#                           [--name NAME] [--subnet A.B.C] [--burst B] [--segment S]
 #
 # For each rate it brings up --hosts namespaces at that rate, then runs every configuration
 # --repeats times, interleaved (repeat loop outermost), one rank per host:
@@ -32,6 +32,7 @@
 # Builds shoal-bench, resnet50-bench and the peer programs if they are missing. Every launch
 # runs under a timeout; the cluster is removed on exit, also after a failure or Ctrl-C.
 # --quick: 4 MiB, 1 repeat, 1 iteration, no loopback sweep, no docs (a minute; for trying it).
+# --burst, --segment: the links' token bucket and largest packet (cluster.sh; default auto).
 # --name, --subnet: the cluster's namespaces (NAME-h1..) and addresses (default headline, 10.212.0).
 set -uo pipefail
 
@@ -49,6 +50,7 @@ loopback=1
 docs=1
 out="$here/results"
 cluster=headline
+link_args=()
 subnet=10.212.0
 : "${RUN_TIMEOUT:=400}"   # seconds per launch
 # shoal's UCX defaults already suit TCP links between hosts (eager sends, lib/transport/ucx);
@@ -74,6 +76,8 @@ while (($#)); do
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
     --name) cluster=$2; shift 2 ;;
+    --burst) link_args+=(--burst "$2"); shift 2 ;;
+    --segment) link_args+=(--segment "$2"); shift 2 ;;
     --subnet) subnet=$2; shift 2 ;;
     --quick) size=4M; repeats=1; iters=1; loopback=0; docs=0; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -140,7 +144,7 @@ hostlist=""
 for ((k = 1; k <= hosts; k++)); do hostlist+="${hostlist:+,}$subnet.$k"; done
 
 for rate in $rates; do
-  "$here/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" --subnet "$subnet" || exit 1
+  "$here/cluster.sh" up "$hosts" --rate "$rate" --name "$cluster" --subnet "$subnet" "${link_args[@]}" || exit 1
   aggregator=""
   if want agg || [[ ",$only," == *",agg_"* ]]; then  # --only agg_dense etc. need the aggregator too
     export SHOAL_TOKEN="${SHOAL_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}"

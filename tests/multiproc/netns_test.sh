@@ -6,8 +6,8 @@
 #   - dense and sketch (1% density) allreduces across the hosts are exact, and the sketch puts
 #     at least 3x fewer bytes on the wire than dense (eth0's counters, read by wire.sh);
 #   - killing one rank in the middle of an allreduce fails the other promptly;
-#   - a short message after a pause crosses the link no faster than its rate (the token bucket
-#     is shallow: with the 4 ms bucket of before, 320 KB every 5 ms crossed 20x too fast);
+#   - a short message after a pause crosses the link at most ~1 ms early (the token bucket holds
+#     1 ms at the rate: with the 4 ms bucket of before, 320 KB every 5 ms crossed 20x too fast);
 #   - cluster.sh refuses a namespace name it did not create, and down removes all it made.
 # Usage: netns_test.sh <bin dir>. Exits 77 (skipped) where network namespaces cannot be made.
 set -uo pipefail
@@ -160,17 +160,17 @@ else
   echo "(shoal-runtime-bench not built: SHOAL_BUILD_BENCH=OFF; step skipped)"
 fi
 
-echo "== a short message after a pause crosses no faster than 1 Gbit/s"
+echo "== a short message after a pause crosses at most ~1 ms early at 1 Gbit/s"
 h1=$(awk '$1 == 1 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts") a1=$(awk '$1 == 1 {print $3}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
 h2=$(awk '$1 == 2 {print $2}' "$SHOAL_NETNS_STATE_DIR/$name/hosts")
 timeout 30 ip netns exec "$h1" python3 "$netns/pingpong.py" recv "$a1" & receiver=$!
 ms=$(timeout 30 ip netns exec "$h2" python3 "$netns/pingpong.py" send "$a1" --size 320000 --pause 0.005 |
      sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p')
 wait "$receiver"
-# 320 KB at 1 Gbit/s is 2.56 ms; the bucket (32 KiB) lets ~0.26 ms of it through at once.
+# 320 KB at 1 Gbit/s is 2.56 ms; the bucket (128 KiB) lets ~1.05 ms of it through at once.
 echo "320 KB after a 5 ms pause: ${ms:-no result} ms (2.56 ms at the rate)"
-python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 1.8 else 1)' "${ms:-0}" ||
-  { echo "FAIL: 320 KB crossed the 1 Gbit/s link in ${ms:-?} ms, under 1.8 ms: the token bucket is too deep"; fail=1; }
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 1.3 else 1)' "${ms:-0}" ||
+  { echo "FAIL: 320 KB crossed the 1 Gbit/s link in ${ms:-?} ms, under 1.3 ms: the token bucket is too deep"; fail=1; }
 
 echo "== cluster.sh touches only what it made"
 ip netns add "${name}x-h2" || { echo "FAIL: ip netns add"; fail=1; }
