@@ -36,20 +36,16 @@ FULL_RANK = ("conv1", "fc2")   # the first and the last layer stay full rank
 def cnn(dataset="digits"):
     """The digits' 2-D CNN, or for MNIST-1D the same layers in 1-D (kernel 5 over 40 points)."""
     if dataset == "mnist1d":
-        return nn.Sequential(OrderedDict([
-            ("conv1", nn.Conv1d(1, 32, 5, padding=2)), ("relu1", nn.ReLU()),
-            ("conv2", nn.Conv1d(32, 64, 5, padding=2)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool1d(2)),
-            ("conv3", nn.Conv1d(64, 128, 5, padding=2)), ("relu3", nn.ReLU()), ("pool3", nn.MaxPool1d(2)),
-            ("flatten", nn.Flatten()),
-            ("fc1", nn.Linear(1280, 256)), ("relu4", nn.ReLU()),
-            ("fc2", nn.Linear(256, 10)),
-        ]))
+        conv, pool, kernel, flat = nn.Conv1d, nn.MaxPool1d, 5, 128 * 10
+    else:
+        conv, pool, kernel, flat = nn.Conv2d, nn.MaxPool2d, 3, 128 * 2 * 2
+    pad = kernel // 2
     return nn.Sequential(OrderedDict([
-        ("conv1", nn.Conv2d(1, 32, 3, padding=1)), ("relu1", nn.ReLU()),
-        ("conv2", nn.Conv2d(32, 64, 3, padding=1)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
-        ("conv3", nn.Conv2d(64, 128, 3, padding=1)), ("relu3", nn.ReLU()), ("pool3", nn.MaxPool2d(2)),
+        ("conv1", conv(1, 32, kernel, padding=pad)), ("relu1", nn.ReLU()),
+        ("conv2", conv(32, 64, kernel, padding=pad)), ("relu2", nn.ReLU()), ("pool2", pool(2)),
+        ("conv3", conv(64, 128, kernel, padding=pad)), ("relu3", nn.ReLU()), ("pool3", pool(2)),
         ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(512, 256)), ("relu4", nn.ReLU()),
+        ("fc1", nn.Linear(flat, 256)), ("relu4", nn.ReLU()),
         ("fc2", nn.Linear(256, 10)),
     ]))
 
