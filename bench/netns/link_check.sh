@@ -27,19 +27,9 @@ trap '"$here/cluster.sh" down --name "$name" >/dev/null 2>&1' EXIT
 "$here/cluster.sh" up 2 --rate "$rate" --burst "$burst" --segment "$segment" --name "$name" --subnet "$subnet" || exit
 for size in $sizes; do
   count=21; ((size > 10000000)) && count=3
-  timeout 120 ip netns exec "$name-h1" "$PYTHON" "$here/pingpong.py" recv "$subnet.1" & receiver=$!
+  timeout 120 ip netns exec "$name-h1" "$PYTHON" "$here/pingpong.py" recv "$subnet.1" --timeout-s 100 & receiver=$!
   line=$(timeout 120 ip netns exec "$name-h2" "$PYTHON" "$here/pingpong.py" send "$subnet.1" --size "$size" \
-         --count "$count" --pause "$pause" --rate "$rate")
+         --count "$count" --pause "$pause" --rate "$rate" --timeout-s 100)
   wait "$receiver"
-  "$PYTHON" - "$line" "$size" "$rate" "$burst" "$segment" <<'PY'
-import re, sys
-line, size, rate, burst, segment = sys.argv[1:]
-m = re.search(r"median_ms=([0-9.]+) \(([0-9.]+) ms at", line)
-if not m:
-    print("%s bytes: no result (%s)" % (size, line))
-else:
-    got, ideal = float(m.group(1)), float(m.group(2))
-    print("rate=%s burst=%s segment=%s size=%s median_ms=%.3f at_rate_ms=%.3f ratio=%.2f" % (
-        rate, burst, segment, size, got, ideal, got / ideal))
-PY
+  echo "rate=$rate burst=$burst segment=$segment ${line:-size=$size: no result}"
 done

@@ -1,6 +1,8 @@
 """How long a message takes across an emulated link (cluster.sh): the sender sends SIZE bytes,
 the receiver answers one byte when all have arrived; after a PAUSE (the token bucket refills)
-the next. Prints the median and the time SIZE takes at --rate, if given.
+the next. Prints the median and, with --rate, the time SIZE takes at that rate and the ratio of
+the two (1.0: the link held its rate; below 1: part of the message went through faster). Every
+wait ends after --timeout-s with an error that says what did not arrive.
 
     ip netns exec NAME-h1 python3 bench/netns/pingpong.py recv 10.211.0.1 &
     ip netns exec NAME-h2 python3 bench/netns/pingpong.py send 10.211.0.1 --size 320000 --pause 0.005 --rate 1gbit
@@ -22,9 +24,14 @@ def bits_per_s(rate):
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 
 
-def receive(address, port):
+def receive(address, port, timeout_s):
     server = socket.create_server((address, port))
-    peer, _ = server.accept()
+    server.settimeout(timeout_s)
+    try:
+        peer, _ = server.accept()
+    except socket.timeout:
+        raise SystemExit("pingpong.py recv: no sender connected to %s:%d within %g s" % (address, port, timeout_s))
+    peer.settimeout(timeout_s)
     peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buffer = memoryview(bytearray(1 << 20))
     while True:
@@ -40,15 +47,16 @@ def receive(address, port):
         peer.sendall(b"k")
 
 
-def send(address, port, size, count, pause, timeout_s=10.0):
+def send(address, port, size, count, pause, timeout_s):
     deadline = time.monotonic() + timeout_s
     while True:  # the receiver may still be starting
         try:
             peer = socket.create_connection((address, port), timeout=timeout_s)
             break
-        except OSError:
+        except OSError as error:
             if time.monotonic() > deadline:
-                raise
+                raise SystemExit("pingpong.py send: cannot connect to the receiver at %s:%d within %g s (%s); "
+                                 "start `pingpong.py recv` there first" % (address, port, timeout_s, error))
             time.sleep(0.1)
     peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     message, times = size.to_bytes(8, "little") + b"x" * size, []
@@ -70,14 +78,21 @@ def main():
     p.add_argument("--size", type=int, default=320000, help="bytes per message")
     p.add_argument("--count", type=int, default=21, help="messages (the median is printed)")
     p.add_argument("--pause", type=float, default=0.005, help="seconds before each message")
-    p.add_argument("--rate", default=None, help="the link's rate, to print the time the size takes at it")
+    p.add_argument("--rate", default=None, help="the link's rate: also print the time the size takes at it, and the ratio")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="the longest any wait (connect, accept, a reply) may take")
     args = p.parse_args()
-    if args.role == "recv":
-        receive(args.address, args.port)
-        return
-    median = send(args.address, args.port, args.size, args.count, args.pause)
-    at_rate = " (%.3f ms at %s)" % (args.size * 8 / bits_per_s(args.rate) * 1e3, args.rate) if args.rate else ""
-    print("size=%d pause_ms=%g median_ms=%.3f%s" % (args.size, 1e3 * args.pause, 1e3 * median, at_rate))
+    try:
+        if args.role == "recv":
+            receive(args.address, args.port, args.timeout_s)
+            return
+        median = send(args.address, args.port, args.size, args.count, args.pause, args.timeout_s)
+    except socket.timeout:
+        raise SystemExit("pingpong.py %s: the other end sent nothing for %g s" % (args.role, args.timeout_s))
+    line = "size=%d pause_ms=%g median_ms=%.3f" % (args.size, 1e3 * args.pause, 1e3 * median)
+    if args.rate:
+        at_rate = args.size * 8 / bits_per_s(args.rate)
+        line += " at_rate_ms=%.3f ratio=%.2f" % (1e3 * at_rate, median / at_rate)
+    print(line)
     sys.stdout.flush()
 
 

@@ -44,7 +44,7 @@ def parser(description, epochs, batch_size, lr):
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=batch_size, help="samples per rank per step")
-    p.add_argument("--lr", type=float, default=lr, help=None if lr is not None else "default: the task's")
+    p.add_argument("--lr", type=float, default=lr, help=None if lr is not None else "default: set by the example from its other options")
     p.add_argument("--max-steps", type=int, default=0, help="cap on steps per epoch (0: the whole epoch)")
     p.add_argument("--train-subset", type=int, default=0, help="use only the first N training samples (0: all)")
     p.add_argument("--backend", choices=("shoal", "ddp", "local"), default="shoal")
