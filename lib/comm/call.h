@@ -25,12 +25,15 @@ namespace shoal {
 // wait that times out).
 inline uint64_t takeSequence(shoal_comm& comm) { return comm.sequence++; }
 
-// Fails the communicator after an error: peers are told over the transport
-// and, when they may wait in it, the shared segment (their calls fail with
-// `reason` at once instead of at their deadline).
+// Fails the communicator after an error: peers are told in the shared
+// segment, where they may wait, and over the transport (their calls fail with
+// `reason` at once instead of at their deadline). The segment's abort word
+// first: it is one store, and a peer told over the transport may exit before
+// this rank's next step, so a rank waiting in the segment must find the word
+// already there when it sees that peer gone (else it reports a bare "exited").
 inline void failCommunicator(shoal_comm& comm, const std::string& reason, shoal_status_t status) {
-  if (!comm.transport->failed()) comm.transport->abort(reason, status);
   if (comm.shm) comm.shm->abort(reason, status);
+  if (!comm.transport->failed()) comm.transport->abort(reason, status);
 }
 
 // Runs one collective with its call's sequence number and signature

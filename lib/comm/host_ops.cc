@@ -17,8 +17,6 @@ namespace {
 
 // How often a rank waiting on the aggregator looks for a peer in another call.
 constexpr auto kOtherCallProbePeriod = std::chrono::milliseconds(20);
-// How long an aggregator failure waits for a peer's abort notice that says why.
-constexpr double kAbortNoticeGraceS = 0.2;
 
 }  // namespace
 

@@ -46,8 +46,7 @@ void initCollective(shoal_comm& comm, Body&& body) {
   try {
     body(context);
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
-    if (comm.shm) comm.shm->abort(error.what(), error.status());
+    failCommunicator(comm, error.what(), error.status());
     throw;
   }
 }

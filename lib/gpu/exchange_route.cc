@@ -153,7 +153,7 @@ void cudaSendRecv(shoal_comm& comm, const MemoryRoute& route, const std::vector<
       pair.sendRecv(comm.rank < peer ? 1 : 0, mine.data(), mine.size(), route.stream, deadline);
     }
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what(), error.status());
+    failCommunicator(comm, error.what(), error.status());
     throw;
   }
 }

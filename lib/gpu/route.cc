@@ -213,7 +213,7 @@ void onDevice(shoal_comm& comm, const MemoryRoute& route, Body&& body) {
   try {
     body(ncclOf(comm, route.device, deadline), deadline);
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    failCommunicator(comm, error.what(), error.status());
     throw;
   }
 }

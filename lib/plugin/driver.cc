@@ -235,7 +235,7 @@ void runCompressed(shoal_comm& comm, uint64_t sequence, CompressorInstance& inst
   try {
     runRounds(comm, instance, operation, opState, errorText, stats, route, observer, group);
   } catch (const Error& error) {
-    if (!comm.transport->failed()) comm.transport->abort(error.what());
+    failCommunicator(comm, error.what(), error.status());
     throw;
   }
   stats.wireBytes = bytesSentSoFar(comm) - sentBefore;

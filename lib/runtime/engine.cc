@@ -399,11 +399,11 @@ void Engine::loop() {
     stopWith(stop.status(), fmt::format("the async runtime stopped on every rank: {}", stop.what()));
   } catch (const Error& error) {
     std::string text = fmt::format("the async runtime stopped: {}", error.what());
-    if (!comm_.transport->failed()) comm_.transport->abort(text);  // peers must not wait for this rank
+    failCommunicator(comm_, text, error.status());  // peers must not wait for this rank
     stopWith(error.status(), text);
   } catch (const std::exception& error) {
     std::string text = fmt::format("the async runtime stopped after an internal error: {}", error.what());
-    if (!comm_.transport->failed()) comm_.transport->abort(text);
+    failCommunicator(comm_, text, SHOAL_ERR_INTERNAL);
     stopWith(SHOAL_ERR_INTERNAL, text);
   }
   logSummary();

@@ -53,6 +53,13 @@ constexpr uint64_t kSequenceMask = ((uint64_t(1) << kSequenceBits) - 1) << kSubT
 constexpr uint64_t kPointToPointBit = uint64_t(1) << (kTagBits - 1);
 constexpr uint64_t kCollectiveSequences = uint64_t(1) << (kSequenceBits - 1);
 
+// A peer that gives up tells the others why (its abort notice, or the shared
+// segment's abort word) and may then exit or cancel its messages at once, so
+// a rank can see the peer gone before it reads why. Before reporting a bare
+// SHOAL_ERR_REMOTE ("exited", "send failed") a wait looks this long for that
+// notice, so that every rank reports the cause (a MISMATCH) with its text.
+constexpr double kAbortNoticeGraceS = 0.2;
+
 // The text of a signature disagreement found on a receive: this rank's call
 // signature word `mine`, the word rank `peer` sent. Defined by the layer that
 // builds signatures (lib/comm/agree.cc), which knows what the bits mean.

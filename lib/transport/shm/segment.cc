@@ -286,6 +286,23 @@ void SharedSegment::failFromAbortWord(uint64_t word) {
   throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} aborted the communicator: {}", sender, why));
 }
 
+void SharedSegment::failFromDeadPeer(int peer, Transport& transport) {
+  // A rank that gave up may exit before this rank reads why: the abort word
+  // (set before its transport's notices, comm/call.h) or, from a rank outside
+  // the segment, the transport's notice. Either one is the cause to report.
+  auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
+  const Deadline grace = deadlineAfter(kAbortNoticeGraceS);
+  for (;;) {
+    if (uint64_t word = abortWord.load(std::memory_order_acquire); word != 0) failFromAbortWord(word);
+    transport.checkNotAborted();
+    if (Clock::now() > grace) break;
+    std::this_thread::sleep_for(kSleepMax);
+  }
+  throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
+                                            "complete the collective",
+                                            peer, pids_[peer], rank_));
+}
+
 void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Transport& transport,
                             const CallDeadline& deadline) {
   auto* header = reinterpret_cast<SlotHeader*>(slot(peer, static_cast<int>(number & 1)));
@@ -328,10 +345,7 @@ void SharedSegment::waitFor(int peer, uint64_t number, const Round& round, Trans
                               rank_, peer, round.what));
     if (now >= nextLivenessCheck) {
       nextLivenessCheck = now + kLivenessPeriod;
-      if (pids_[peer] != 0 && !processAlive(pids_[peer]) && !arrived())
-        throw Error(SHOAL_ERR_REMOTE, fmt::format("rank {} (pid {}, on this host) exited or crashed; rank {} cannot "
-                                                  "complete the collective",
-                                                  peer, pids_[peer], rank_));
+      if (pids_[peer] != 0 && !processAlive(pids_[peer]) && !arrived()) failFromDeadPeer(peer, transport);
       try {
         transport.checkNotAborted();  // an abort notice that came the other way
         // A peer that made another call (compressed, or another algorithm)

@@ -106,6 +106,8 @@ class SharedSegment {
   }
   void waitFor(int peer, uint64_t number, const Round& round, Transport& transport, const CallDeadline& deadline);
   [[noreturn]] void failFromAbortWord(uint64_t word);
+  // A peer's process is gone: the cause it left (abort word or notice), else REMOTE.
+  [[noreturn]] void failFromDeadPeer(int peer, Transport& transport);
   // A peer's slot header (theirHeader) that differs from this round: MISMATCH
   // naming what differs (the signature, the sizes, or the call's sequence).
   [[noreturn]] void failRound(const Round& round, size_t bytes, int peer, const void* theirHeader);

@@ -229,6 +229,9 @@ class UcxTransport final : public Transport {
   }
   [[noreturn]] void failWith(Request* requests, size_t count, shoal_status_t status, const std::string& text,
                              bool notifyPeers);
+  // failWith for an error a wait or look found; a bare REMOTE (a peer gone,
+  // a send refused) first waits kAbortNoticeGraceS for the notice that says why.
+  [[noreturn]] void failExplained(Request* requests, size_t count, const Error& error);
   void cancelPending(Request* requests, size_t count);
   void idle(Clock::time_point idleSince);
   bool waitsOnlyForRemotePeers(const Request* requests, size_t count) const;
@@ -639,15 +642,10 @@ Transport::Request UcxTransport::isend(int peer, uint64_t tag, const void* data,
   if (UCS_PTR_IS_ERR(request)) {
     result.done = true;
     // A peer that gave up (say, it saw a mismatch) and closed can make the
-    // send fail before its abort notice, which says why, is read: wait a
-    // moment for it, as waitAll does.
-    if (!peerAborted_)
-      if (std::optional<Error> notice = awaitAbortNotice(0.2))
-        failWith(nullptr, 0, notice->status(), notice->what(), false);
-    failWith(nullptr, 0, SHOAL_ERR_REMOTE,
-             fmt::format("rank {}: sending {} bytes to rank {} failed: {}", rank_, bytes, peer,
-                         ucs_status_string(UCS_PTR_STATUS(request))),
-             true);
+    // send fail before its abort notice, which says why, is read.
+    failExplained(nullptr, 0,
+                  Error(SHOAL_ERR_REMOTE, fmt::format("rank {}: sending {} bytes to rank {} failed: {}", rank_, bytes,
+                                                      peer, ucs_status_string(UCS_PTR_STATUS(request)))));
   }
   result.handle = request;
   result.done = request == nullptr;
@@ -763,9 +761,6 @@ void UcxTransport::checkForMessagesOf(uint64_t tag) {
                                         static_cast<uint32_t>((info.sender_tag & kSignatureMask) >> kSignatureShift)));
 }
 
-// Throws when a peer aborted, or when a peer that one of the pending requests
-// needs is gone. A peer that finished its part and exited is no failure: its
-// last messages may already sit in our queues, so drain before judging.
 // A peer's abort notice as an error, once it has arrived.
 std::optional<Error> UcxTransport::takeAbortNotice() {
   if (abortReceive_ == nullptr || ucp_request_check_status(abortReceive_) == UCS_INPROGRESS) return std::nullopt;
@@ -796,6 +791,9 @@ std::optional<Error> UcxTransport::awaitAbortNotice(double seconds) {
   }
 }
 
+// Throws when a peer aborted, or when a peer that one of the pending requests
+// needs is gone. A peer that finished its part and exited is no failure: its
+// last messages may already sit in our queues, so drain before judging.
 void UcxTransport::checkForPeerTrouble(Request* requests, size_t count) {
   if (std::optional<Error> notice = takeAbortNotice()) throw *notice;
   bool checkLiveness = Clock::now() >= nextLivenessCheck_;
@@ -848,7 +846,7 @@ bool UcxTransport::peerStartedCall(uint64_t tag) {
                                                   localPeerPid_[peer]));
     }
   } catch (const Error& error) {
-    failWith(nullptr, 0, error.status(), error.what(), !peerAborted_);
+    failExplained(nullptr, 0, error);
   }
   ucp_tag_recv_info_t info{};
   return ucp_tag_probe_nb(worker_, tag & kSequenceMask, kAbortBit | kSequenceMask, 0, &info) != nullptr;
@@ -945,10 +943,7 @@ void UcxTransport::waitFor(Request* requests, size_t count, Deadline deadline, b
       if (idleRounds > spinRounds_) idle(idleSince);
     }
   } catch (const Error& error) {
-    if (error.status() == SHOAL_ERR_REMOTE && !peerAborted_)
-      if (std::optional<Error> notice = awaitAbortNotice(0.2))
-        failWith(requests, count, notice->status(), notice->what(), false);
-    failWith(requests, count, error.status(), error.what(), !peerAborted_);
+    failExplained(requests, count, error);
   }
   if (slept) remoteSpin_.sleptWait(Clock::now() - firstSleep);
   for (size_t i = 0; i < count; ++i) {
@@ -992,6 +987,13 @@ void UcxTransport::failWith(Request* requests, size_t count, shoal_status_t stat
   cancelPending(requests, count);
   if (recordFailure(status, text) && notifyPeers) abort(text, status);
   throw Error(status, text);
+}
+
+void UcxTransport::failExplained(Request* requests, size_t count, const Error& error) {
+  if (error.status() == SHOAL_ERR_REMOTE && !peerAborted_)
+    if (std::optional<Error> notice = awaitAbortNotice(kAbortNoticeGraceS))
+      failWith(requests, count, notice->status(), notice->what(), false);
+  failWith(requests, count, error.status(), error.what(), !peerAborted_);
 }
 
 void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
