@@ -446,6 +446,40 @@ TEST(ShmFailure, KilledRankIsAnErrorOnTheOthersBeforeTheDeadline) {
   EXPECT_LT(seconds, 20) << "the survivors waited for the deadline (60 s) instead of noticing the death";
 }
 
+// A rank that exits while a peer waits for it in the segment, then a third
+// rank that finds a disagreement: the waiting rank reports the disagreement
+// (the cause the third rank wrote in the abort word), not "rank 1 exited",
+// because it looks kAbortNoticeGraceS (transport.h) for a cause before it
+// reports a dead peer. A rank that gave up on a call and exited at once is
+// this case (CI, fourteenth session): its peers must report why, not that it left.
+TEST(ShmFailure, APeerGoneThenAMismatchIsReportedAsTheMismatch) {
+  Job job;
+  job.size = 3;
+  job.timeoutS = 30;
+  job.killAfterS = 60;
+  auto results = runJob(job, [](int rank, shoal_comm_t comm, std::ostream& out) {
+    if (shoal_barrier(comm) != SHOAL_OK) {
+      out << "barrier: " << shoal_last_error(comm) << "\n";
+      return 2;
+    }
+    if (rank == 1) _exit(7);  // gone, with nothing said
+    // Rank 0 waits for rank 1 first and sees it gone within 20 ms (the
+    // segment's liveness period); rank 2's disagreement comes well inside
+    // the grace after that.
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    std::vector<float> data(8, 1.0f);
+    shoal_status_t status =
+        shoal_allreduce(comm, data.data(), data.data(), data.size(), rank == 2 ? SHOAL_I32 : SHOAL_F32, SHOAL_SUM);
+    out << shoal_status_string(status) << ": " << (status == SHOAL_OK ? "" : shoal_last_error(comm)) << "\n";
+    return status == SHOAL_ERR_MISMATCH ? 3 : 4;
+  });
+  EXPECT_EQ(results[1].exitCode, 7) << describe(results);
+  for (int rank : {0, 2}) {
+    EXPECT_EQ(results[rank].exitCode, 3) << "rank " << rank << " did not report the mismatch\n" << describe(results);
+    EXPECT_NE(results[rank].text.find("dtype"), std::string::npos) << describe(results);
+  }
+}
+
 // More calls than the transport's 12-bit sequence holds, small (shared
 // memory) interleaved with large (UCX) allreduces, broadcasts and barriers.
 TEST(ShmSequence, ThousandsOfCallsInterleavedWithLargeOnes) {

@@ -113,7 +113,7 @@ struct Communicator::Impl {
       try {
         peerCheck();
       } catch (const Error& error) {
-        failWith(SHOAL_ERR_REMOTE, fmt::format("NCCL {}: a peer gave up: {}", what, error.what()));
+        failWith(error.status(), fmt::format("NCCL {}: a peer gave up: {}", what, error.what()));  // a MISMATCH stays one
       }
     }
     if (Clock::now() > deadline)
