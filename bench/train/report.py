@@ -154,7 +154,8 @@ def fidelity_tables(out):
         dense = by_config.get("shoal-none", {})
         dense_ok = {s: r for s, r in dense.items() if "failed" not in r}
         target = mean_sd([r[metric] for r in dense_ok.values()])[0] if dense_ok else None
-        text.append("\n### %s: fidelity (2 ranks, loopback)\n" % task)
+        ranks = sorted({r.get("ranks", 2) for r in runs.values() if "failed" not in r}) or [2]
+        text.append("\n### %s: fidelity (%s ranks, loopback)\n" % (task, "/".join(map(str, ranks))))
         text.append("| configuration | seeds | final %s, mean ± sd | against dense, points (mean ± sd; max \\|Δ\\|) "
                     "| goal | met | ranks bit-identical | epochs to dense's accuracy | step (ms, median) |" % metric)
         text.append("|---|---|---|---|---|---|---|---|---|")
@@ -192,7 +193,7 @@ def fidelity_tables(out):
             steps = [r["step_ms_median"] for r in ok.values()]
             steps_per_epoch = [r["steps"] / len(r["epochs"]) for r in ok.values()]
             entry = {"epochs_to_target": reach[1], "steps_per_epoch": mean_sd(steps_per_epoch)[0], "mean": m,
-                     "reach": reach[0]}
+                     "reach": reach[0], "ranks": sorted({r.get("ranks", 2) for r in ok.values()})}
             reached = reach[0]
             if name in TWO_PHASE:
                 full, after = split_epochs(reach[2], {s: r.get("warmup_epochs") for s, r in ok.items()})
@@ -445,6 +446,8 @@ def underivable(fid, *configs):
         return "no fidelity runs of %s%s" % (" or ".join(missing), hint)
     for name in configs:
         entry = fid[name]
+        if entry.get("ranks_differ"):
+            return entry["ranks_differ"]
         if entry.get("epochs_to_target") is None:
             return "no epochs to dense's accuracy for %s (%s in the fidelity runs)%s" % (
                 name, entry.get("reach", "none"), hint)
@@ -640,11 +643,12 @@ def plots(out, img_dir):
     for task_dir in sorted(glob.glob(os.path.join(out, "fidelity", "*"))):
         task = os.path.basename(task_dir)
         metric = METRIC.get(task, "accuracy")
-        series = []
+        series, ranks = [], set()
         for path in sorted(glob.glob(os.path.join(task_dir, "*-s0.json")), key=lambda p: order_key(
                 os.path.basename(p)[:-8])):
             name = os.path.basename(path)[:-8]
             r = json.load(open(path))
+            ranks.add(r.get("ranks", 2))
             dat = os.path.join(out, "plot-%s-%s.dat" % (task, name))
             with open(dat, "w") as f:
                 for e in r["epochs"]:
@@ -654,8 +658,9 @@ def plots(out, img_dir):
             continue
         png = os.path.join(img_dir, "training_%s.png" % task)
         script = ("set terminal png size 900,500 noenhanced; set output '%s'; set key bottom right; set grid;"
-                  "set xlabel 'training time (s, loopback, 2 ranks, seed 0)'; set ylabel 'test %s';"
-                  "set title '%s'; plot %s" % (png, metric, task, ", ".join(series)))
+                  "set xlabel 'training time (s, loopback, %s ranks, seed 0)'; set ylabel 'test %s';"
+                  "set title '%s'; plot %s" % (png, "/".join(map(str, sorted(ranks))), metric, task,
+                                               ", ".join(series)))
         subprocess.run(["gnuplot", "-e", script], check=False)
         lines.append("\n![%s: test %s against training time](img/%s)\n" % (task, metric, os.path.basename(png)))
     return lines
@@ -694,6 +699,7 @@ def add_epochs(summary, fidelity_from, spec):
         entry = configs.setdefault(name, {"steps_per_epoch": known[0] if known else 1.0, "mean": None})
         entry["epochs_to_target"] = epochs
         entry["reach"] = "%g, given" % epochs
+        entry.pop("ranks", None)  # given by hand: whoever gives them answers for the rank count
         if name in TWO_PHASE:  # the mean's split, as the runs' per-seed split cannot be had from it
             warmup = float(m.group(4))
             entry["warmup_epochs_to_target"] = min(epochs, warmup)
@@ -701,6 +707,20 @@ def add_epochs(summary, fidelity_from, spec):
     if given:
         sources.append("--epochs-to-target %s" % spec)
     return " and ".join(sources)
+
+
+def keep_epochs_of_hosts(summary, hosts):
+    """Drops the epochs to dense's accuracy of fidelity runs on another number of ranks than the
+    speed runs' hosts: with the same batch per rank, N ranks train on N times the batch per step,
+    so their epochs (and steps per epoch) are not the speed runs' (given epochs have no count)."""
+    for configs in summary.values():
+        for name, entry in configs.items():
+            ranks = entry.get("ranks")
+            if ranks and ranks != [hosts]:
+                entry["epochs_to_target"] = None
+                entry["ranks_differ"] = ("the fidelity runs of %s trained on %s ranks, the speed runs on %d hosts "
+                                         "(run.sh --fidelity-ranks %d)" % (name, "/".join(map(str, ranks)), hosts,
+                                                                           hosts))
 
 
 def main():
@@ -726,6 +746,7 @@ def main():
     sources = add_epochs(summary, args.fidelity_from, args.epochs_to_target)
     if sources:
         text.append("\nTime to dense's accuracy (derived) takes the epochs to it from %s." % sources)
+    keep_epochs_of_hosts(summary, args.hosts)
     speed, targets = speed_tables(args.out, summary, args.hosts)
     text += speed
     if targets:

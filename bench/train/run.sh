@@ -2,15 +2,17 @@
 # Training fidelity and speed of the examples in examples/train/, against PyTorch DDP:
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
-#                      [--hosts 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
+#                      [--hosts 2] [--fidelity-ranks 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
 #                      [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
 #                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]]
 #
 # With neither --fidelity nor --speed it runs both.
 #
-# Fidelity (one host, loopback, unthrottled; 2 ranks under shoalrun): every task with every
-# configuration and --seeds seeds (0, 1, ...), the full training run; rank 0's JSON result per
-# run. The report compares each compressor's final metric with dense's on the same seeds.
+# Fidelity (one host, loopback, unthrottled; --fidelity-ranks ranks under shoalrun, default 2): every
+# task with every configuration and --seeds seeds (0, 1, ...), the full training run; rank 0's JSON
+# result per run. The report compares each compressor's final metric with dense's on the same seeds,
+# and derives the speed runs' time to dense's accuracy only from fidelity runs on as many ranks as
+# the speed runs have hosts (the batch per step grows with the ranks, and so do the epochs to it).
 #   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch; DDP gloo dense and + fp16 hook
 #   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), pufferfish-fused (the
 #                   same, its factorized gradients in one fused allreduce, as Pufferfish sends them),
@@ -71,6 +73,7 @@ seeds=3
 tasks="digits_mlp pufferfish_cnn pufferfish_mnist1d embeddings"
 rates="1gbit 100mbit"
 hosts=2
+fidelity_ranks=2
 speed_steps=20
 quick=0
 docs=1
@@ -94,6 +97,7 @@ while (($#)); do
     --tasks) tasks=${2//,/ }; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
+    --fidelity-ranks) fidelity_ranks=$2; shift 2 ;;
     --speed-steps) speed_steps=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --report-only) report_only=1; shift ;;
@@ -116,6 +120,8 @@ done
 ((report_only)) && { fidelity=0; speed=0; }
 [[ $repeats =~ ^[1-9][0-9]*$ ]] ||
   { echo "run.sh: --repeats takes a positive whole number, not '$repeats'" >&2; exit 2; }
+[[ $fidelity_ranks =~ ^[1-9][0-9]*$ ]] ||
+  { echo "run.sh: --fidelity-ranks takes a positive whole number, not '$fidelity_ranks'" >&2; exit 2; }
 epochs_arg=()
 if ((quick)); then
   seeds=1 speed_steps=5 rates=1gbit epochs_arg=(--epochs 2)
@@ -208,7 +214,7 @@ if ((fidelity)); then
         [[ -z $only || $only == *",$name,"* ]] || continue
         echo "fidelity $task $name seed $seed" >&2
         # shellcheck disable=SC2086
-        run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np 2 --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
+        run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np "$fidelity_ranks" --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
           "$repo/examples/train/$(script_of "$task").py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
       done < <(configs_fidelity "$task")
     done

@@ -369,3 +369,48 @@ def test_recorder_counts_the_timed_steps_bytes_only(monkeypatch):
     for _ in range(5):
         plain.timed_step(lambda: 0.0)
     assert "tx_bytes_per_step" not in plain.step_stats()
+
+
+def fidelity_result(directory, name, seed, ranks, accuracies, steps=40):
+    """A fidelity run's log and rank 0's JSON: per-epoch accuracy, on `ranks` ranks."""
+    os.makedirs(directory, exist_ok=True)
+    key = "%s-s%d" % (name, seed)
+    with open(os.path.join(directory, key + ".log"), "w") as f:
+        f.write("# launcher\naccuracy=%.4f\n# exit status 0\n" % accuracies[-1])
+    epochs = [{"epoch": i + 1, "loss": 1.0 / (i + 1), "accuracy": a, "train_s": 0.1 * (i + 1)}
+              for i, a in enumerate(accuracies)]
+    with open(os.path.join(directory, key + ".json"), "w") as f:
+        json.dump({"accuracy": accuracies[-1], "identical": True, "epochs": epochs, "steps": steps,
+                   "step_ms_median": 5.0, "ranks": ranks}, f)
+
+
+@pytest.mark.parametrize("fidelity_ranks", [2, 4])
+def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_path, monkeypatch, capsys,
+                                                                   fidelity_ranks):
+    """With the batch per rank fixed, 4 ranks take twice the batch per step of 2: epochs to dense's
+    accuracy measured on 2 ranks say nothing about a 4-host run, so the report derives nothing there
+    and says why; on 4 ranks it derives (dense 4 epochs, PowerSGD 5; steps 60 / 20 ms: 2.40x)."""
+    out = str(tmp_path)
+    fid = os.path.join(out, "fidelity", "digits_mlp")
+    fidelity_result(fid, "shoal-none", 0, fidelity_ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+    fidelity_result(fid, "shoal-powersgd", 0, fidelity_ranks, [0.5, 0.7, 0.85, 0.9, 0.95])
+    fidelity_result(fid, "ddp-none", 0, fidelity_ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+    os.makedirs(os.path.join(out, "speed"))
+    with open(os.path.join(out, "speed", "repeats"), "w") as f:
+        f.write("2\n")
+    for k in (1, 2):
+        d = os.path.join(out, "speed", "1gbit", "digits_mlp", "repeat-%d" % k)
+        planned(d, ["shoal-powersgd", "ddp-none", "local"])
+        for name, ms in [("local", 8.0), ("shoal-powersgd", 20.0), ("ddp-none", 60.0)]:
+            result(d, name, ms)
+    monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4"])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    assert any(l.startswith("### digits_mlp: fidelity (%d ranks, loopback)" % fidelity_ranks) for l in lines)
+    target = next(l for l in lines if l.startswith("| digits_mlp, 1gbit: best shoal compressor reaches dense's"))
+    if fidelity_ranks == 4:
+        assert "shoal-powersgd: 2.40×" in target and target.endswith("| yes |"), target
+    else:
+        assert "trained on 2 ranks, the speed runs on 4 hosts (run.sh --fidelity-ranks 4)" in "\n".join(lines)
+        assert "2.40×" not in target, target
+    capsys.readouterr()
