@@ -677,7 +677,8 @@ def add_epochs(summary, fidelity_from, spec):
         added = 0
         for task, configs in other.items():
             for name, entry in configs.items():
-                if name not in summary.setdefault(task, {}):
+                own = summary.setdefault(task, {}).get(name)
+                if own is None or own.get("ranks_differ"):  # none, or on another rank count than the hosts
                     summary[task][name] = entry
                     added += 1
         if added:
@@ -700,6 +701,7 @@ def add_epochs(summary, fidelity_from, spec):
         entry["epochs_to_target"] = epochs
         entry["reach"] = "%g, given" % epochs
         entry.pop("ranks", None)  # given by hand: whoever gives them answers for the rank count
+        entry.pop("ranks_differ", None)
         if name in TWO_PHASE:  # the mean's split, as the runs' per-seed split cannot be had from it
             warmup = float(m.group(4))
             entry["warmup_epochs_to_target"] = min(epochs, warmup)
@@ -743,10 +745,11 @@ def main():
         text.append("\nMachine and load during the runs:\n\n```\n%s```" % open(machine).read())
     fid, summary = fidelity_tables(args.out)
     text += fid
+    keep_epochs_of_hosts(summary, args.hosts)  # OUT's own, before --fidelity-from may replace them
     sources = add_epochs(summary, args.fidelity_from, args.epochs_to_target)
     if sources:
         text.append("\nTime to dense's accuracy (derived) takes the epochs to it from %s." % sources)
-    keep_epochs_of_hosts(summary, args.hosts)
+    keep_epochs_of_hosts(summary, args.hosts)  # and those that came from elsewhere
     speed, targets = speed_tables(args.out, summary, args.hosts)
     text += speed
     if targets:

@@ -414,3 +414,28 @@ def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_p
         assert "trained on 2 ranks, the speed runs on 4 hosts (run.sh --fidelity-ranks 4)" in "\n".join(lines)
         assert "2.40×" not in target, target
     capsys.readouterr()
+
+
+def test_fidelity_from_on_the_hosts_rank_count_replaces_the_runs_own(report, tmp_path, monkeypatch, capsys):
+    """OUT's own fidelity ran on 2 ranks, its speed on 4 hosts; --fidelity-from gives 4-rank runs:
+    those are the ones the derived time to accuracy takes (2.40x), not nothing."""
+    out, other = str(tmp_path / "out"), str(tmp_path / "other")
+    for directory, ranks in ((out, 2), (other, 4)):
+        fid = os.path.join(directory, "fidelity", "digits_mlp")
+        fidelity_result(fid, "shoal-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+        fidelity_result(fid, "shoal-powersgd", 0, ranks, [0.5, 0.7, 0.85, 0.9, 0.95])
+        fidelity_result(fid, "ddp-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+    os.makedirs(os.path.join(out, "speed"))
+    with open(os.path.join(out, "speed", "repeats"), "w") as f:
+        f.write("2\n")
+    for k in (1, 2):
+        d = os.path.join(out, "speed", "1gbit", "digits_mlp", "repeat-%d" % k)
+        planned(d, ["shoal-powersgd", "ddp-none", "local"])
+        for name, ms in [("local", 8.0), ("shoal-powersgd", 20.0), ("ddp-none", 60.0)]:
+            result(d, name, ms)
+    monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4", "--fidelity-from", other])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    target = next(l for l in lines if l.startswith("| digits_mlp, 1gbit: best shoal compressor reaches dense's"))
+    assert "shoal-powersgd: 2.40×" in target and target.endswith("| yes |"), target
+    capsys.readouterr()
