@@ -384,17 +384,16 @@ def fidelity_result(directory, name, seed, ranks, accuracies, steps=40):
                    "step_ms_median": 5.0, "ranks": ranks}, f)
 
 
-@pytest.mark.parametrize("fidelity_ranks", [2, 4])
-def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_path, monkeypatch, capsys,
-                                                                   fidelity_ranks):
-    """With the batch per rank fixed, 4 ranks take twice the batch per step of 2: epochs to dense's
-    accuracy measured on 2 ranks say nothing about a 4-host run, so the report derives nothing there
-    and says why; on 4 ranks it derives (dense 4 epochs, PowerSGD 5; steps 60 / 20 ms: 2.40x)."""
-    out = str(tmp_path)
+def digits_fidelity(out, ranks):
+    """Seed 0 of dense (4 epochs to its own final accuracy), PowerSGD (5) and DDP dense (4) on `ranks`."""
     fid = os.path.join(out, "fidelity", "digits_mlp")
-    fidelity_result(fid, "shoal-none", 0, fidelity_ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
-    fidelity_result(fid, "shoal-powersgd", 0, fidelity_ranks, [0.5, 0.7, 0.85, 0.9, 0.95])
-    fidelity_result(fid, "ddp-none", 0, fidelity_ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+    fidelity_result(fid, "shoal-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+    fidelity_result(fid, "shoal-powersgd", 0, ranks, [0.5, 0.7, 0.85, 0.9, 0.95])
+    fidelity_result(fid, "ddp-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
+
+
+def digits_speed_repeats(out):
+    """Two repeats at 1gbit: no communication 8 ms, PowerSGD 20 ms, DDP dense 60 ms."""
     os.makedirs(os.path.join(out, "speed"))
     with open(os.path.join(out, "speed", "repeats"), "w") as f:
         f.write("2\n")
@@ -403,6 +402,17 @@ def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_p
         planned(d, ["shoal-powersgd", "ddp-none", "local"])
         for name, ms in [("local", 8.0), ("shoal-powersgd", 20.0), ("ddp-none", 60.0)]:
             result(d, name, ms)
+
+
+@pytest.mark.parametrize("fidelity_ranks", [2, 4])
+def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_path, monkeypatch, capsys,
+                                                                   fidelity_ranks):
+    """With the batch per rank fixed, 4 ranks take twice the batch per step of 2: epochs to dense's
+    accuracy measured on 2 ranks say nothing about a 4-host run, so the report derives nothing there
+    and says why; on 4 ranks it derives (dense 4 epochs, PowerSGD 5; steps 60 / 20 ms: 2.40x)."""
+    out = str(tmp_path)
+    digits_fidelity(out, fidelity_ranks)
+    digits_speed_repeats(out)
     monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4"])
     report.main()
     lines = open(os.path.join(out, "tables.md")).read().splitlines()
@@ -420,19 +430,9 @@ def test_fidelity_from_on_the_hosts_rank_count_replaces_the_runs_own(report, tmp
     """OUT's own fidelity ran on 2 ranks, its speed on 4 hosts; --fidelity-from gives 4-rank runs:
     those are the ones the derived time to accuracy takes (2.40x), not nothing."""
     out, other = str(tmp_path / "out"), str(tmp_path / "other")
-    for directory, ranks in ((out, 2), (other, 4)):
-        fid = os.path.join(directory, "fidelity", "digits_mlp")
-        fidelity_result(fid, "shoal-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
-        fidelity_result(fid, "shoal-powersgd", 0, ranks, [0.5, 0.7, 0.85, 0.9, 0.95])
-        fidelity_result(fid, "ddp-none", 0, ranks, [0.5, 0.8, 0.9, 0.95, 0.95])
-    os.makedirs(os.path.join(out, "speed"))
-    with open(os.path.join(out, "speed", "repeats"), "w") as f:
-        f.write("2\n")
-    for k in (1, 2):
-        d = os.path.join(out, "speed", "1gbit", "digits_mlp", "repeat-%d" % k)
-        planned(d, ["shoal-powersgd", "ddp-none", "local"])
-        for name, ms in [("local", 8.0), ("shoal-powersgd", 20.0), ("ddp-none", 60.0)]:
-            result(d, name, ms)
+    digits_fidelity(out, 2)
+    digits_fidelity(other, 4)
+    digits_speed_repeats(out)
     monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4", "--fidelity-from", other])
     report.main()
     lines = open(os.path.join(out, "tables.md")).read().splitlines()
