@@ -2,8 +2,8 @@
 # Training fidelity and speed of the examples in examples/train/, against PyTorch DDP:
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
-#                      [--hosts 2] [--fidelity-ranks 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs] [--out DIR]
-#                      [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
+#                      [--hosts 2] [--fidelity-ranks 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs]
+#                      [--out DIR] [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
 #                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]]
 #
 # With neither --fidelity nor --speed it runs both.
@@ -214,8 +214,8 @@ if ((fidelity)); then
         [[ -z $only || $only == *",$name,"* ]] || continue
         echo "fidelity $task $name seed $seed" >&2
         # shellcheck disable=SC2086
-        run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np "$fidelity_ranks" --timeout-s "$RUN_TIMEOUT" "$PYTHON" \
-          "$repo/examples/train/$(script_of "$task").py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
+        run "$out/fidelity/$task/$name-s$seed.json" "$shoalrun" -np "$fidelity_ranks" --timeout-s "$RUN_TIMEOUT" \
+          "$PYTHON" "$repo/examples/train/$(script_of "$task").py" $(task_args "$task") $args --seed "$seed" "${epochs_arg[@]}"
       done < <(configs_fidelity "$task")
     done
   done

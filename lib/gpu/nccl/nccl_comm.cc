@@ -113,7 +113,8 @@ struct Communicator::Impl {
       try {
         peerCheck();
       } catch (const Error& error) {
-        failWith(error.status(), fmt::format("NCCL {}: a peer gave up: {}", what, error.what()));  // a MISMATCH stays one
+        // A peer's MISMATCH stays one here, as it is on the host paths.
+        failWith(error.status(), fmt::format("NCCL {}: a peer gave up: {}", what, error.what()));
       }
     }
     if (Clock::now() > deadline)

@@ -288,8 +288,9 @@ void SharedSegment::failFromAbortWord(uint64_t word) {
 
 void SharedSegment::failFromDeadPeer(int peer, Transport& transport) {
   // A rank that gave up may exit before this rank reads why: the abort word
-  // (set before its transport's notices, comm/call.h) or, from a rank outside
-  // the segment, the transport's notice. Either one is the cause to report.
+  // (failCommunicator, comm/call.h, writes it before the transport's notices;
+  // a failure the transport finds itself notifies first) or, from a rank
+  // outside the segment, the transport's notice. Either one is the cause.
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
   const Deadline grace = deadlineAfter(kAbortNoticeGraceS);
   for (;;) {
