@@ -288,7 +288,7 @@ def speed_tables(out, summary, hosts):
                     "| time to dense's accuracy (s, derived) | result |")
         text.append("|---|---|---|---|---|---|---|---|---|---|---|")
         fid = summary.get(task, {})
-        seen = set()
+        seen, not_derived = set(), {}
         for rate in rates:
             runs = load(os.path.join(out, "speed", rate, task, "*.log"))
             seen.update(runs)
@@ -313,13 +313,21 @@ def speed_tables(out, summary, hosts):
                     "%.2f" % (per_step / 1e6) if per_step is not None else "—",
                     "%.1f" % (per_step * 8 / rate_bits(rate) * 1e3) if per_step is not None and rate_bits(rate) else "—",
                     "%.1f" % tta if tta else "—"))
+                why = underivable(fid, name) if task != "embeddings" else ""
+                if not tta and why:
+                    not_derived.setdefault(why, []).append(name)
                 if not is_shoal(name):
                     continue
                 if tta and (best_tta is None or tta < best_tta[1]):
                     best_tta = (name, tta)
                 if limit_ms and (best_limit is None or ms / limit_ms < best_limit[1]):
                     best_limit = (name, ms / limit_ms)
-            targets += speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, tta_s(fid, "ddp-none", steps))
+            why = next((w for w, names in not_derived.items() if "ddp-none" in names or any(map(is_shoal, names))), "")
+            targets += speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, tta_s(fid, "ddp-none", steps),
+                                     why)
+        if not_derived:
+            text.append("\nTime to dense's accuracy not derived for %s." % "; ".join(
+                "%s: %s" % (", ".join(sorted(set(names), key=order_key)), why) for why, names in not_derived.items()))
         text += two_phase_note(seen)
     return text, targets
 
@@ -585,9 +593,10 @@ def repeat_targets(task, rate, table, ddp_ms, best_tta, best_limit, repeats):
     return rows
 
 
-def speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, ddp_tta):
+def speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, ddp_tta, why_not_derived=""):
     """The issue's speed goals from single runs: best_tta (configuration, derived seconds to dense's
-    accuracy) and best_limit (configuration, step / its no-communication step) among shoal's."""
+    accuracy) and best_limit (configuration, step / its no-communication step) among shoal's;
+    why_not_derived says why a time to dense's accuracy is missing, if one is."""
     rows = []
     if task == "embeddings":
         sketch = runs.get("shoal-sketch", {})
@@ -601,6 +610,9 @@ def speed_targets(task, rate, runs, best_tta, best_limit, ddp_ms, ddp_tta):
         x = ddp_tta / best_tta[1]
         rows.append(("%s, %s: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner than DDP dense"
                      % (task, rate), "%s: %.2f× (derived)" % (best_tta[0], x), "yes" if x >= 1.64 else "no"))
+    else:
+        rows.append(("%s, %s: best shoal compressor reaches dense's accuracy ≥ 1.64× sooner than DDP dense"
+                     % (task, rate), "not derived" + (": " + why_not_derived if why_not_derived else ""), ""))
     if rate.lower() == "1gbit" and best_limit:
         rows.append(("%s, 1gbit: best shoal step within 1.25× of no communication" % task,
                      "%s: %.2f×" % best_limit, "yes" if best_limit[1] <= 1.25 else "no"))

@@ -2,13 +2,13 @@
 # Training fidelity and speed of the examples in examples/train/, against PyTorch DDP:
 #
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
-#                      [--hosts 2] [--fidelity-ranks 2] [--speed-steps 20] [--only LIST] [--quick] [--no-docs]
+#                      [--hosts 2] [--fidelity-ranks HOSTS] [--speed-steps 20] [--only LIST] [--quick] [--no-docs]
 #                      [--out DIR] [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
 #                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]]
 #
 # With neither --fidelity nor --speed it runs both.
 #
-# Fidelity (one host, loopback, unthrottled; --fidelity-ranks ranks under shoalrun, default 2): every
+# Fidelity (one host, loopback, unthrottled; --fidelity-ranks ranks under shoalrun, default --hosts): every
 # task with every configuration and --seeds seeds (0, 1, ...), the full training run; rank 0's JSON
 # result per run. The report compares each compressor's final metric with dense's on the same seeds,
 # and derives the speed runs' time to dense's accuracy only from fidelity runs on as many ranks as
@@ -73,7 +73,7 @@ seeds=3
 tasks="digits_mlp pufferfish_cnn pufferfish_mnist1d embeddings"
 rates="1gbit 100mbit"
 hosts=2
-fidelity_ranks=2
+fidelity_ranks=""   # default: --hosts, so that the speed runs' time to accuracy can be derived
 speed_steps=20
 quick=0
 docs=1
@@ -120,6 +120,9 @@ done
 ((report_only)) && { fidelity=0; speed=0; }
 [[ $repeats =~ ^[1-9][0-9]*$ ]] ||
   { echo "run.sh: --repeats takes a positive whole number, not '$repeats'" >&2; exit 2; }
+[[ $hosts =~ ^[1-9][0-9]*$ ]] ||
+  { echo "run.sh: --hosts takes a positive whole number, not '$hosts'" >&2; exit 2; }
+: "${fidelity_ranks:=$hosts}"
 [[ $fidelity_ranks =~ ^[1-9][0-9]*$ ]] ||
   { echo "run.sh: --fidelity-ranks takes a positive whole number, not '$fidelity_ranks'" >&2; exit 2; }
 epochs_arg=()

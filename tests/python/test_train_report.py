@@ -404,25 +404,38 @@ def digits_speed_repeats(out):
             result(d, name, ms)
 
 
+def digits_speed_single(out):
+    """One run at 1gbit (no --repeats): the same steps as digits_speed_repeats."""
+    result(os.path.join(out, "speed", "local", "digits_mlp"), "local", 8.0)
+    for name, ms in [("shoal-powersgd", 20.0), ("ddp-none", 60.0)]:
+        result(os.path.join(out, "speed", "1gbit", "digits_mlp"), name, ms)
+
+
+@pytest.mark.parametrize("layout", ["repeats", "single"])
 @pytest.mark.parametrize("fidelity_ranks", [2, 4])
 def test_time_to_accuracy_needs_fidelity_on_as_many_ranks_as_hosts(report, tmp_path, monkeypatch, capsys,
-                                                                   fidelity_ranks):
+                                                                   fidelity_ranks, layout):
     """With the batch per rank fixed, 4 ranks take twice the batch per step of 2: epochs to dense's
     accuracy measured on 2 ranks say nothing about a 4-host run, so the report derives nothing there
-    and says why; on 4 ranks it derives (dense 4 epochs, PowerSGD 5; steps 60 / 20 ms: 2.40x)."""
+    and says why, in both layouts (with and without --repeats); on 4 ranks it derives (dense 4
+    epochs, PowerSGD 5; steps 60 / 20 ms: 2.40x)."""
     out = str(tmp_path)
     digits_fidelity(out, fidelity_ranks)
-    digits_speed_repeats(out)
+    (digits_speed_repeats if layout == "repeats" else digits_speed_single)(out)
     monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4"])
     report.main()
     lines = open(os.path.join(out, "tables.md")).read().splitlines()
     assert any(l.startswith("### digits_mlp: fidelity (%d ranks, loopback)" % fidelity_ranks) for l in lines)
     target = next(l for l in lines if l.startswith("| digits_mlp, 1gbit: best shoal compressor reaches dense's"))
+    why = "trained on 2 ranks, the speed runs on 4 hosts (run.sh --fidelity-ranks 4)"
     if fidelity_ranks == 4:
         assert "shoal-powersgd: 2.40×" in target and target.endswith("| yes |"), target
+        assert why not in "\n".join(lines)
     else:
-        assert "trained on 2 ranks, the speed runs on 4 hosts (run.sh --fidelity-ranks 4)" in "\n".join(lines)
-        assert "2.40×" not in target, target
+        assert why in "\n".join(lines)
+        assert "2.40×" not in target and "not derived" in target, target
+        if layout == "single":
+            assert why in target, target
     capsys.readouterr()
 
 
