@@ -95,8 +95,9 @@
 // CPU cost (measured, 2 ranks as threads on a loaded 2-core machine, 2^22
 // elements, K = 1): compact 7-25 ms at 0.1-10% density (decode has a 128-bit
 // fast path for K = 1; K > 1 goes through the 512-bit path), ~100-160 ms at
-// 50%; sketch is memory-bound in the encode scatter and the peel (random cell
-// accesses): ~15 ms at 0.1%, ~0.4-1 s at 10%. Another reason auto does not
+// 50%; sketch is bound by random cell accesses in the encode scatter and the
+// peel (one rank, 2^22 elements, batched and prefetched: 0.8 / 3.6 / 28 ms a
+// call at 0.1 / 1 / 10%, docs/benchmarks.md). Another reason auto does not
 // pick it on the CPU.
 #include <algorithm>
 #include <cmath>
@@ -190,6 +191,8 @@ struct OpState {
   std::vector<TensorPlan> plans;
   std::vector<uint64_t> bitmap, stats, values, specials, leftovers, presized, presizedLeftovers;
   std::vector<float, UninitializedAllocator<float>> dense;  // zeroed only where a tensor needs it (encodeValues)
+  PeelScratch<uint64_t> peel;   // the peel's working memory (limb cells), shared by the tensors in turn
+  PeelScratch<float> peelF32;   // ... and for f32 cells
   size_t statsStride = 3;  // per tensor: top, lowest, nonfinite (+ the scale guess, twice, in ratio mode)
   size_t indexWords = 0;   // bitmap = every tensor's index words, then their statistics' codes
   int stage = 0;  // 0: index sent; 1: values sent; 2: leftovers sent
@@ -266,6 +269,7 @@ template <class Bytes>
 size_t stateBytes(const OpState& s, Bytes bytes, bool used) {
   size_t total = bytes(s.bitmap) + bytes(s.stats) + bytes(s.values) + bytes(s.specials) + bytes(s.leftovers) +
                  bytes(s.presized) + bytes(s.presizedLeftovers) + bytes(s.dense);
+  total += s.peel.bytes(bytes) + s.peelF32.bytes(bytes);
   for (const TensorPlan& p : s.plans) {
     total += bytes(p.localBits) + bytes(p.members) + bytes(p.limbs) + bytes(p.leftover) + bytes(p.floatSums) +
              bytes(p.result) + bytes(p.mine);
@@ -328,6 +332,10 @@ void recycle(OpState& s) {
   keepBuffer(fresh.presized, s.presized);
   keepBuffer(fresh.presizedLeftovers, s.presizedLeftovers);
   keepBuffer(fresh.dense, s.dense);
+  fresh.peel = std::move(s.peel);
+  fresh.peel.clear();
+  fresh.peelF32 = std::move(s.peelF32);
+  fresh.peelF32.clear();
   fresh.pipeline = std::move(s.pipeline);  // pipelined: false until pipelineStart sets it
   s = std::move(fresh);
 }
@@ -656,7 +664,7 @@ shoal_status_t readIndex(Instance& inst, OpState& s, shoal_compress_op_t* op) {
     plan.Q = plan.Qg;
     plan.K = plan.Kg;
     if (!peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
-                    s.presized.data() + plan.presizedOffset, plan.limbs, plan.leftover)) {
+                    s.presized.data() + plan.presizedOffset, plan.limbs, plan.leftover, s.peel)) {
       return malformed(op, 0, t, "pre-sized sketch", "a cell is not zero once every member is peeled");
     }
   }
@@ -673,8 +681,11 @@ bool floatCellsExact(const TensorPlan& plan, int n) {
   if (!plan.anyFinite || plan.nonfinite || plan.Q < -149) return false;
   std::vector<uint32_t> counts(3 * plan.geometry.part, 0);
   uint32_t maxCount = 0;
-  for (uint64_t i : plan.members)
-    for (int j = 0; j < 3; ++j) maxCount = std::max(maxCount, ++counts[cellOf(i, plan.geometry, j)]);
+  forEachMemberCells(
+      plan.members.data(), plan.members.size(), plan.geometry, [&](uint64_t c) { __builtin_prefetch(&counts[c], 1); },
+      [&](size_t, uint64_t, const uint64_t* where) {
+        for (int j = 0; j < 3; ++j) maxCount = std::max(maxCount, ++counts[where[j]]);
+      });
   const int bits = ceilLog2(int(std::min<uint64_t>(uint64_t(n) * maxCount, 1u << 30)));
   return plan.T - plan.Q + 1 + bits <= 24 && plan.T + 1 + bits <= 127;
 }
@@ -782,23 +793,39 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
     } else {
       for (size_t p = 0; p < u; ++p) mine[p] = x[plan.members[p]];
     }
+    if (plan.mode == Mode::Sketch) {  // each member's limbs into its three cells, prefetched ahead
+      float* floatCells = plan.floatCells ? s.dense.data() + plan.valueOffset : nullptr;
+      const size_t cells = 3 * plan.geometry.part;
+      forEachMemberCells(
+          plan.members.data(), u, plan.geometry,
+          [&](uint64_t c) {
+            if (floatCells)
+              __builtin_prefetch(floatCells + c, 1);
+            else
+              __builtin_prefetch(base + c, 1);
+          },
+          [&](size_t p, uint64_t, const uint64_t* where) {
+            const float v = mine[p];
+            if (!isFinite(v)) {
+              s.specials[plan.specialOffset + p] = specialBits(v);
+            } else if (floatCells) {
+              for (int j = 0; j < 3; ++j) floatCells[where[j]] += v;  // exact: floatCellsExact
+            } else {
+              for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + where[j], cells);
+            }
+          });
+      continue;
+    }
     for (size_t p = 0; p < u; ++p) {
-      const uint64_t i = plan.members[p];
       const float v = mine[p];
       if (!isFinite(v)) {
         s.specials[plan.specialOffset + p] = specialBits(v);
         continue;
       }
-      if (plan.mode == Mode::Compact && plan.compactF32) {
+      if (plan.compactF32) {
         s.dense[plan.valueOffset + p] = v + 0.0f;  // -0 as +0: two -0 (a Bloom false positive) must sum to +0
-      } else if (plan.mode == Mode::Compact) {
-        addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
-      } else if (plan.floatCells) {
-        float* cells = s.dense.data() + plan.valueOffset;
-        for (int j = 0; j < 3; ++j) cells[cellOf(i, plan.geometry, j)] += v;  // exact: floatCellsExact
       } else {
-        const size_t cells = 3 * plan.geometry.part;
-        for (int j = 0; j < 3; ++j) addLimbs(v, plan.Q, plan.L, plan.K, base + cellOf(i, plan.geometry, j), cells);
+        addLimbs(v, plan.Q, plan.L, plan.K, base + p, u);
       }
     }
   }
@@ -1063,9 +1090,9 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
       if (plan.mode != Mode::Sketch || plan.presizedValid) continue;
       const bool ok = plan.floatCells
                           ? peelSketch(plan.members.data(), plan.members.size(), plan.geometry, 1,
-                                       s.dense.data() + plan.valueOffset, plan.floatSums, plan.leftover)
+                                       s.dense.data() + plan.valueOffset, plan.floatSums, plan.leftover, s.peelF32)
                           : peelSketch(plan.members.data(), plan.members.size(), plan.geometry, plan.K,
-                                       s.values.data() + plan.valueOffset, plan.limbs, plan.leftover);
+                                       s.values.data() + plan.valueOffset, plan.limbs, plan.leftover, s.peel);
       if (plan.floatCells) plan.limbs.assign(size_t(plan.K) * plan.members.size(), 0);  // the leftovers' limbs
       if (!ok) {
         return malformed(op, 1, t, "sketch", "a cell is not zero once every member is peeled");

@@ -97,6 +97,32 @@ TEST(SketchGeometry, SizesAndCellRanges) {
   }
 }
 
+TEST(SketchGeometry, CellHasherAndCellOfKeepTheWireFormula) {
+  // Every rank (CPU and GPU) must put an element in the same cells: the loops' CellHasher (salts
+  // once, a block's hashes kept) and cellOf against the formula written out, on ascending runs that
+  // stay in a block and cross blocks, and on random indices.
+  const auto formula = [](uint64_t index, const SketchGeometry& g, int j) {
+    const uint64_t block = index >> g.widthLog2, mask = (uint64_t(1) << g.widthLog2) - 1;
+    const uint64_t h = mix64(block * 0x9e3779b97f4a7c15ull + mix64(g.seed + 0x632be59bd9b4e019ull * uint64_t(j + 1)));
+    return uint64_t(j) * g.part + (mulhi64(h, g.rows) << g.widthLog2) + (((index & mask) + h) & mask);
+  };
+  for (uint64_t target : {uint64_t(1), uint64_t(300), uint64_t(18000), uint64_t(181000), uint64_t(12345677)}) {
+    const SketchGeometry g = sketchGeometry(target, rnd(target));
+    CellHasher hasher(g);
+    std::vector<uint64_t> indices;
+    for (uint64_t i = 0; i < 3000; ++i) indices.push_back(i * 3);                     // runs within blocks
+    for (uint64_t i = 0; i < 2000; ++i) indices.push_back(rnd(i) % (uint64_t(1) << 40));  // jumps
+    for (uint64_t index : indices) {
+      uint64_t cells[3];
+      hasher.cells(index, cells);
+      for (int j = 0; j < 3; ++j) {
+        ASSERT_EQ(cells[j], formula(index, g, j)) << index << " " << j;
+        ASSERT_EQ(cellOf(index, g, j), cells[j]);
+      }
+    }
+  }
+}
+
 TEST(SketchGeometry, LanesOfABlockHitDistinctNeighbouringCells) {
   SketchGeometry g = sketchGeometry(1 << 20, 7);
   ASSERT_EQ(g.widthLog2, 10);
@@ -205,6 +231,62 @@ TEST(SketchPeel, QueueAndTwoPhaseRoundsAgree) {
       if (cellsPerItem > 1.2) EXPECT_TRUE(leftA.empty());
     }
   }
+}
+
+TEST(SketchPeel, ScratchKeptAcrossCallsOfOtherSizes) {
+  // sketch.cc keeps one PeelScratch per operation state and reuses it for every tensor and call: a
+  // large table (its cells in the 2 MiB huge-page blocks), a small one that stalls, a K = 2 one and
+  // the large one again must each give what a fresh scratch and the two-phase rounds give.
+  struct Case {
+    size_t count;
+    double density, cellsPerItem;
+    int K;
+  };
+  const Case cases[] = {{size_t(1) << 22, 0.1, 1.3, 1}, {20000, 0.2, 1.1, 1}, {50000, 0.1, 1.3, 2},
+                        {size_t(1) << 22, 0.1, 1.3, 1}};
+  PeelScratch<uint64_t> kept;
+  for (const Case& c : cases) {
+    std::vector<uint64_t> members = randomSupport(c.count + uint64_t(c.K), c.count, c.density);
+    SketchGeometry g = sketchGeometry(uint64_t(std::ceil(c.cellsPerItem * double(members.size()) / 3.0)), 7);
+    std::vector<uint64_t> summed = scatter(members, g, c.K, laneRotated);
+    std::vector<uint64_t> a, b, d, w;
+    std::vector<size_t> leftA, leftB, leftD, leftW;
+    ASSERT_TRUE(peelSketch(members.data(), members.size(), g, c.K, summed.data(), a, leftA, kept));
+    ASSERT_TRUE(peelSketch(members.data(), members.size(), g, c.K, summed.data(), b, leftB));
+    // The layout for tables of 2^32 cells or more (64-bit counts, positions and cell numbers),
+    // which no test can allocate, on these tables.
+    ASSERT_TRUE((peelWith<uint64_t, uint64_t>(members.data(), members.size(), g, c.K, summed.data(), w, leftW, kept)));
+    ASSERT_EQ(leftA, leftW);
+    ASSERT_EQ(a, w);
+    bool certified = false;
+    peelTwoPhase(members.data(), members.size(), g, c.K, summed.data(), d, leftD, &certified);
+    EXPECT_TRUE(certified);
+    ASSERT_EQ(leftA, leftB);
+    ASSERT_EQ(leftA, leftD);
+    if (c.cellsPerItem < 1.2) EXPECT_FALSE(leftA.empty()) << "1.1 cells per member should stall";
+    std::vector<uint8_t> stalled(members.size(), 0);
+    for (size_t p : leftA) stalled[p] = 1;
+    for (size_t k = 0; k < size_t(c.K) * members.size(); ++k) {
+      if (stalled[k % members.size()]) continue;
+      ASSERT_EQ(a[k], b[k]);
+      ASSERT_EQ(a[k], d[k]);
+    }
+    EXPECT_GE(kept.capacityBytes(), 3 * g.part * sizeof(PeelCell<uint64_t, uint32_t>));
+  }
+  // A corrupted cell after the reuse: the certificate still fails.
+  std::vector<uint64_t> members = randomSupport(5, 20000, 0.1);
+  SketchGeometry g = sketchGeometry(members.size(), 3);
+  std::vector<uint64_t> summed = scatter(members, g, 1, laneRotated), limbs;
+  std::vector<size_t> leftover;
+  std::vector<uint32_t> counts(3 * g.part, 0);
+  for (uint64_t i : members)
+    for (int j = 0; j < 3; ++j) ++counts[cellOf(i, g, j)];
+  const size_t empty = std::find(counts.begin(), counts.end(), 0u) - counts.begin();
+  ASSERT_LT(empty, counts.size());
+  summed[empty] += 1;
+  EXPECT_FALSE(peelSketch(members.data(), members.size(), g, 1, summed.data(), limbs, leftover, kept));
+  EXPECT_FALSE((peelWith<uint64_t, uint64_t>(members.data(), members.size(), g, 1, summed.data(), limbs, leftover,
+                                             kept)));
 }
 
 TEST(SketchPeel, CertificateCatchesACorruptedCell) {
