@@ -133,6 +133,7 @@ std::unique_ptr<shoal_comm> createComm(const shoal_config_t& config) {
 
 void releaseConnections(shoal_comm& comm) {
   comm.nccl.reset();
+  if (comm.transport) comm.transport->setBeforeNotices(nullptr);  // it names the segment
   comm.shm.reset();
   comm.transport.reset();
   comm.store.reset();

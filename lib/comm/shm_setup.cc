@@ -26,6 +26,11 @@ void attachSharedSegment(shoal_comm& comm) {
   comm.shm = SharedSegment::open(*comm.store, comm.keyPrefix, comm.rank, comm.size, slot,
                                  comm.timeoutS, &whyNot);
   comm.shmMaxBytes = comm.shm ? comm.shm->slotBytes() : 0;
+  // A failure the transport finds itself writes the segment's abort word before its notices leave,
+  // as failCommunicator does (transport.h, setBeforeNotices).
+  if (comm.shm)
+    comm.transport->setBeforeNotices(
+        [segment = comm.shm.get()](const std::string& reason, shoal_status_t status) { segment->abort(reason, status); });
   if (!comm.shm && comm.algorithm == "shm")
     fail(SHOAL_ERR_INVALID_ARGUMENT,
          "SHOAL_ALGO=shm needs every rank on one host and a shared-memory segment, but this communicator has none: "

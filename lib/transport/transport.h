@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -151,6 +152,24 @@ class Transport {
   // memory raises no event): keep polling. -2 when events are pending
   // already: look now.
   virtual int armPeerEvents() { return -1; }
+
+  // What must happen before this rank's abort notices leave, whoever finds
+  // the failure (the call layer's failCommunicator, or the backend itself: a
+  // probe mismatch, a size mismatch, a refused send): the communicator
+  // writes its shared segment's abort word here (comm/shm_setup.cc), so that
+  // a rank waiting in the segment reads the cause before it can see this
+  // rank's notice, or its exit. Set once after init's segment attach, cleared
+  // before the segment goes; the backend calls it at the start of abort().
+  using BeforeNotices = std::function<void(const std::string& reason, shoal_status_t status)>;
+  void setBeforeNotices(BeforeNotices hook) { beforeNotices_ = std::move(hook); }
+
+ protected:
+  void runBeforeNotices(const std::string& reason, shoal_status_t status) const {
+    if (beforeNotices_) beforeNotices_(reason, status);
+  }
+
+ private:
+  BeforeNotices beforeNotices_;
 };
 
 struct TransportOptions {

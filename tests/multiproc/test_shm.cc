@@ -24,6 +24,8 @@
 #include <gtest/gtest.h>
 
 #include "../harness/dtype_model.h"
+#include "comm/communicator.h"
+#include "core/error.h"
 #include "harness/forked_job.h"
 #include "shoal/shoal.h"
 
@@ -477,6 +479,52 @@ TEST(ShmFailure, APeerGoneThenAMismatchIsReportedAsTheMismatch) {
   for (int rank : {0, 2}) {
     EXPECT_EQ(results[rank].exitCode, 3) << "rank " << rank << " did not report the mismatch\n" << describe(results);
     EXPECT_NE(results[rank].text.find("dtype"), std::string::npos) << describe(results);
+  }
+}
+
+// A failure the transport finds itself (a probe or size mismatch, a refused
+// send) ends in its abort(), which writes the shared segment's abort word
+// before the notices leave (transport.h, setBeforeNotices), as
+// failCommunicator does: a rank waiting in the segment reads the cause there
+// even if the failing rank exits at once. Here rank 0 aborts the transport
+// directly (not through failCommunicator), finds its own word written, and
+// exits; rank 1, in a small (segment) allreduce, reports the mismatch.
+TEST(ShmFailure, ATransportsOwnAbortWritesTheSegmentWordFirst) {
+  Job job;
+  job.size = 2;
+  job.timeoutS = 30;
+  job.killAfterS = 60;
+  auto results = runJob(job, [](int rank, shoal_comm_t comm, std::ostream& out) {
+    if (!comm->shm) {
+      out << "no shared segment\n";
+      return 2;
+    }
+    // Rank 1 may still be in this barrier when rank 0 aborts: then the barrier reports it.
+    shoal_status_t status = shoal_barrier(comm);
+    if (rank == 0 && status != SHOAL_OK) {
+      out << "barrier: " << shoal_last_error(comm) << "\n";
+      return 2;
+    }
+    if (rank == 0) {
+      comm->transport->abort("a probe found another call (test)", SHOAL_ERR_MISMATCH);
+      try {
+        comm->shm->checkNotAborted();
+        out << "the segment's abort word is not written\n";
+        return 4;
+      } catch (const shoal::Error& error) {
+        out << error.what() << std::endl;                     // flushed: _exit next
+        _exit(error.status() == SHOAL_ERR_MISMATCH ? 3 : 5);  // gone at once, as a failing rank may be
+      }
+    }
+    std::vector<float> data(8, 1.0f);
+    if (status == SHOAL_OK)
+      status = shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
+    out << shoal_status_string(status) << ": " << (status == SHOAL_OK ? "" : shoal_last_error(comm)) << "\n";
+    return status == SHOAL_ERR_MISMATCH ? 3 : 4;
+  });
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(results[rank].exitCode, 3) << "rank " << rank << "\n" << describe(results);
+    EXPECT_NE(results[rank].text.find("a probe found another call (test)"), std::string::npos) << describe(results);
   }
 }
 

@@ -288,9 +288,11 @@ void SharedSegment::failFromAbortWord(uint64_t word) {
 
 void SharedSegment::failFromDeadPeer(int peer, Transport& transport) {
   // A rank that gave up may exit before this rank reads why: the abort word
-  // (failCommunicator, comm/call.h, writes it before the transport's notices;
-  // a failure the transport finds itself notifies first) or, from a rank
-  // outside the segment, the transport's notice. Either one is the cause.
+  // (every rank in the segment writes it before its transport's notices:
+  // failCommunicator, comm/call.h, and the transport's own abort through
+  // setBeforeNotices) or, from a rank outside the segment, the transport's
+  // notice, which may come a moment after that rank is seen gone. Either one
+  // is the cause.
   auto abortWord = atomicAt(reinterpret_cast<Control*>(mapping_->base)->abortWord);
   const Deadline grace = deadlineAfter(kAbortNoticeGraceS);
   for (;;) {

@@ -997,6 +997,7 @@ void UcxTransport::failExplained(Request* requests, size_t count, const Error& e
 }
 
 void UcxTransport::abort(const std::string& reason, shoal_status_t status) {
+  runBeforeNotices(reason, status);  // the shared segment's word first (transport.h)
   recordFailure(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE, "the communicator was aborted: " + reason);
   // The peers learn the status (MISMATCH or REMOTE) and the reason.
   abortOutbox_ = fmt::format("{} {}", static_cast<int>(status == SHOAL_ERR_MISMATCH ? status : SHOAL_ERR_REMOTE),
