@@ -4,7 +4,7 @@
 #   bench/train/run.sh [--fidelity] [--speed] [--seeds 3] [--tasks LIST] [--rates "1gbit 100mbit"]
 #                      [--hosts 2] [--fidelity-ranks HOSTS] [--speed-steps 20] [--only LIST] [--quick] [--no-docs]
 #                      [--out DIR] [--build DIR] [--report-only] [--bind] [--repeats N] [--speed-timeout S]
-#                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]]
+#                      [--fidelity-from DIR] [--epochs-to-target SPEC] [--netns NAME [--subnet S]] [--epochs N]
 #
 # With neither --fidelity nor --speed it runs both.
 #
@@ -13,6 +13,8 @@
 # result per run. The report compares each compressor's final metric with dense's on the same seeds,
 # and derives the speed runs' time to dense's accuracy only from fidelity runs on as many ranks as
 # the speed runs have hosts (the batch per step grows with the ranks, and so do the epochs to it).
+# --epochs N trains every fidelity run for N epochs instead of each example's default (more ranks
+# take fewer steps per epoch: 4 ranks need about twice the epochs of 2 for the same steps).
 #   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch; DDP gloo dense and + fp16 hook
 #   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), pufferfish-fused (the
 #                   same, its factorized gradients in one fused allreduce, as Pufferfish sends them),
@@ -75,6 +77,7 @@ rates="1gbit 100mbit"
 hosts=2
 fidelity_ranks=""   # default: --hosts, so that the speed runs' time to accuracy can be derived
 speed_steps=20
+epochs=""   # --epochs: the fidelity runs' epochs (default: each example's own)
 quick=0
 docs=1
 cluster=shoaltrain
@@ -106,6 +109,7 @@ while (($#)); do
     --speed-timeout) speed_timeout=$2; shift 2 ;;
     --fidelity-from) report_args+=(--fidelity-from "$2"); shift 2 ;;
     --epochs-to-target) report_args+=(--epochs-to-target "$2"); shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --no-docs) docs=0; shift ;;
     --out) out=$2; shift 2 ;;
@@ -126,6 +130,11 @@ done
 [[ $fidelity_ranks =~ ^[1-9][0-9]*$ ]] ||
   { echo "run.sh: --fidelity-ranks takes a positive whole number, not '$fidelity_ranks'" >&2; exit 2; }
 epochs_arg=()
+if [[ -n ${epochs:-} ]]; then
+  [[ $epochs =~ ^[1-9][0-9]*$ ]] ||
+    { echo "run.sh: --epochs takes a positive whole number, not '$epochs'" >&2; exit 2; }
+  epochs_arg=(--epochs "$epochs")
+fi
 if ((quick)); then
   seeds=1 speed_steps=5 rates=1gbit epochs_arg=(--epochs 2)
 fi

@@ -452,3 +452,18 @@ def test_fidelity_from_on_the_hosts_rank_count_replaces_the_runs_own(report, tmp
     target = next(l for l in lines if l.startswith("| digits_mlp, 1gbit: best shoal compressor reaches dense's"))
     assert "shoal-powersgd: 2.40×" in target and target.endswith("| yes |"), target
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--epochs", "0"], "--epochs takes a positive whole number, not '0'"),
+    (["--hosts", "x"], "--hosts takes a positive whole number, not 'x'"),
+    (["--fidelity-ranks", "-1"], "--fidelity-ranks takes a positive whole number, not '-1'"),
+    (["--repeats", "2.5"], "--repeats takes a positive whole number, not '2.5'"),
+])
+def test_run_sh_refuses_a_count_that_is_not_a_whole_number(args, text):
+    """bench/train/run.sh checks its counts before it starts anything (a cluster, a training run)."""
+    import subprocess
+    done = subprocess.run(["bash", os.path.join(ROOT, "bench", "train", "run.sh")] + args, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert text in done.stderr, done.stderr
