@@ -16,6 +16,7 @@
 
 #include <sys/mman.h>
 
+#include "compressors/sketch/sketch_host.h"  // UninitializedAllocator
 #include "compressors/sketch/sketch_math.h"
 
 namespace shoal::sketch {
@@ -25,9 +26,10 @@ namespace shoal::sketch {
 // 2 MiB-aligned and advised as huge pages (Linux, transparent huge pages in
 // "madvise" mode, the default of Debian and Ubuntu), so that random accesses
 // over tens of MiB do not miss the TLB on every 4 KiB page; resize() leaves new
-// elements uninitialised (every record is written before it is read).
+// elements uninitialised (UninitializedAllocator: every record is written
+// before it is read).
 template <class T>
-struct HugePageAllocator {
+struct HugePageAllocator : UninitializedAllocator<T> {
   using value_type = T;
   static constexpr size_t kHuge = size_t(2) << 20;
   HugePageAllocator() = default;
@@ -52,14 +54,6 @@ struct HugePageAllocator {
       ::operator delete(p);
     else
       std::free(p);
-  }
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const noexcept {
