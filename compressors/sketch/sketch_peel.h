@@ -70,7 +70,8 @@ struct HugePageAllocator : UninitializedAllocator<T> {
 // order. Members of one block share three rows, but the next block's rows are
 // unrelated: in order, the loop waits for one cache miss after another; with
 // touch a prefetch, the cells of 16 members (48 lines) are on their way at once
-// (the peel's count pass at 10% density: 3.4x faster, docs/benchmarks.md).
+// (BM_PeelDecode in bench/kernels/sketch_kernels_bench.cc measures the peel
+// built on it: docs/benchmarks.md, "The count sketch's peel").
 constexpr size_t kMemberCellsAhead = 16;
 template <class Touch, class Visit>
 inline void forEachMemberCells(const uint64_t* members, size_t u, const SketchGeometry& g, Touch touch,
@@ -91,8 +92,8 @@ inline void forEachMemberCells(const uint64_t* members, size_t u, const SketchGe
 }
 
 // One cell of the peel: its first limb, its count of members and the XOR of
-// their positions in U share one record (16 bytes with 32-bit positions, any
-// U below 2^32 members), so touching a cell costs one cache miss (limbs 1..
+// their positions in U share one record (16 bytes with 32-bit counts and
+// positions, for tables below 2^32 cells), so touching a cell costs one cache miss (limbs 1..
 // live apart; K = 1 is usual). A pure cell names its member by that position,
 // and the member's three cells are kept from the count pass (no second hashing).
 template <class V, class P>
@@ -111,15 +112,17 @@ struct PeelScratch {
   using Cells = std::vector<PeelCell<V, P>, HugePageAllocator<PeelCell<V, P>>>;
   Cells<uint32_t> cells;      // tables of fewer than 2^32 cells (so |U| < 2^32 too)
   Cells<uint64_t> cellsWide;  // larger ones
-  std::vector<uint32_t> memberCells;      // each member's three cells, from the count pass (narrow tables)
-  std::vector<uint64_t> memberCellsWide;  // (wide ones)
+  // Each member's three cells, from the count pass (narrow tables, then wide ones), and the stack
+  // of pure cells: written before they are read, so resize() leaves them uninitialised.
+  std::vector<uint32_t, UninitializedAllocator<uint32_t>> memberCells;
+  std::vector<uint64_t, UninitializedAllocator<uint64_t>> memberCellsWide;
   std::vector<V> upper;       // limbs 1..K-1 of every cell
-  std::vector<uint64_t> queue;
+  std::vector<uint64_t, UninitializedAllocator<uint64_t>> queue;
   std::vector<uint8_t> done;
   Cells<uint32_t>& table(uint32_t) { return cells; }
   Cells<uint64_t>& table(uint64_t) { return cellsWide; }
-  std::vector<uint32_t>& cellsOfMembers(uint32_t) { return memberCells; }
-  std::vector<uint64_t>& cellsOfMembers(uint64_t) { return memberCellsWide; }
+  auto& cellsOfMembers(uint32_t) { return memberCells; }
+  auto& cellsOfMembers(uint64_t) { return memberCellsWide; }
   // The sum of bytes(buffer) over the buffers (bytes: their capacity or their size in bytes).
   template <class Bytes>
   size_t bytes(Bytes b) const {

@@ -31,11 +31,15 @@ inline uint64_t takeSequence(shoal_comm& comm) { return comm.sequence++; }
 // first: it is one store, and a peer told over the transport may exit before
 // this rank's next step, so a rank waiting in the segment must find the word
 // already there when it sees that peer gone (else it reports a bare "exited").
-// (The transport's abort writes it first too, through setBeforeNotices; the
-// call here covers a transport that failed already and sends nothing more.)
+// The transport's abort writes it before its notices (setBeforeNotices, set
+// where the segment is attached: comm/shm_setup.cc), for failures found here
+// and in the transport alike; a transport that failed already sends nothing
+// more, so then the word is written here.
 inline void failCommunicator(shoal_comm& comm, const std::string& reason, shoal_status_t status) {
-  if (comm.shm) comm.shm->abort(reason, status);
-  if (!comm.transport->failed()) comm.transport->abort(reason, status);
+  if (!comm.transport->failed())
+    comm.transport->abort(reason, status);
+  else if (comm.shm)
+    comm.shm->abort(reason, status);
 }
 
 // Runs one collective with its call's sequence number and signature
