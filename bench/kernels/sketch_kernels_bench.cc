@@ -21,13 +21,14 @@
 // BM_Pipeline_* drive the real compressor table (shoal::compressors::sketch())
 // on a 1-rank op, where every reduction is the identity: it is the true code
 // path, all rounds' CPU work, without the collectives. BM_ScanPath runs round
-// 0's scan on each of its paths (portable, SSE4.1, AVX2); BM_NcfStep_* one step
+// 0's scan on each of its paths (portable, SSE4.1, AVX2, AVX-512); BM_NcfStep_* one step
 // of the NCF training task's gradients (mostly zero rows) in place and out of place.
 #include <benchmark/benchmark.h>
 #include <shoal/compressor.h>
 #include <shoal/shoal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -140,7 +141,7 @@ void BM_BitmapBuild(benchmark::State& state) {
 }
 
 // Round 0's scan on each of its paths (sketch_host.cc: portable, SSE4.1 = the build's x86-64-v2
-// baseline, AVX2 by the CPU); scanIndex takes the best one the CPU has.
+// baseline, AVX2 and AVX-512 by the CPU); scanIndex takes the best one the CPU has.
 void BM_ScanPath(benchmark::State& state) {
   const Data& d = data(int(state.range(1)));
   const auto path = static_cast<ScanPath>(state.range(0));
@@ -246,6 +247,42 @@ void BM_DecodeCompact(benchmark::State& state) {
   }
   if (u && out[d.members[0]] != d.x[d.members[0]]) state.SkipWithError("decode mismatch");
   setRate(state, u);
+}
+
+// The dense output write alone (writeMembersWith) by its stores, density and size: one member per
+// 1/density elements at random positions; GB/s of the output. Then a read of every line of it (the
+// caller's next pass, as the optimizer's), timed apart: plain stores leave a cache-sized output in
+// cache, streaming stores do not. writeMembers picks by outputStoresFor (the "picked" counter).
+void BM_WriteMembers(benchmark::State& state) {
+  const auto stores = static_cast<OutputStores>(state.range(0));
+  const double density = double(state.range(1)) / 1000.0;
+  const size_t count = size_t(state.range(2)) << 18;  // MiB of f32
+  std::mt19937_64 rng(77);
+  std::vector<uint64_t> members;
+  for (size_t i = 0; i < count; ++i)
+    if (double(rng() >> 11) * 0x1p-53 < density) members.push_back(i);
+  std::vector<float> result(members.size(), 1.0f), out(count, 1.0f);
+  double readSeconds = 0;
+  float sink = 0;
+  for (auto _ : state) {
+    writeMembersWith(stores, out.data(), count, members.data(), result.data(), members.size());
+    benchmark::ClobberMemory();
+    state.PauseTiming();
+    const auto begin = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < count; i += 16) sink += out[i];
+    readSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    state.ResumeTiming();
+  }
+  benchmark::DoNotOptimize(sink);
+  size_t p = 0;
+  for (size_t i = 0; i < count; ++i)
+    if (out[i] != (p < members.size() && members[p] == i ? result[p++] : 0.0f)) {
+      state.SkipWithError("wrong output");
+      break;
+    }
+  state.counters["GB/s"] = benchmark::Counter(4.0 * double(count) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_ms"] = 1e3 * readSeconds / double(std::max<int64_t>(1, state.iterations()));
+  state.counters["picked"] = double(outputStoresFor(count, members.size()) == stores);
 }
 
 // ---- the real compressor, one rank --------------------------------------------------------
@@ -444,7 +481,7 @@ BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BitmapBuild)->Apply(densities);
 BENCHMARK(BM_ScanPath)
     ->ArgNames({"path", "permille"})
-    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 10, 100}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_SupportCompaction)->Apply(densities);
@@ -452,6 +489,11 @@ BENCHMARK(BM_EncodeCompact)->Apply(densities);
 BENCHMARK(BM_SketchScatter)->Apply(densities);
 BENCHMARK(BM_PeelDecode)->Apply(densities);
 BENCHMARK(BM_DecodeCompact)->Apply(densities);
+BENCHMARK(BM_WriteMembers)
+    ->ArgNames({"streaming", "permille", "MiB"})
+    ->ArgsProduct({{0, 1}, {1, 10, 100}, {4, 16, 64, 256}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Pipeline_Compact)->Apply(densities);
 BENCHMARK(BM_Pipeline_Sketch)->Apply(densities);
 BENCHMARK(BM_Pipeline_Chunked)->Apply(densities);

@@ -264,7 +264,7 @@ size_t sizeBytes(const V& v) {
 }
 
 // The bytes a state's buffers hold (bytes = capacityBytes, used = false) or that the finished
-// call used (sizeBytes, used = true; of the local values' room it needed count + 8 floats).
+// call used (sizeBytes, used = true; of the local values' room it needed count + LocalValues::kRoom floats).
 template <class Bytes>
 size_t stateBytes(const OpState& s, Bytes bytes, bool used) {
   size_t total = bytes(s.bitmap) + bytes(s.stats) + bytes(s.values) + bytes(s.specials) + bytes(s.leftovers) +
@@ -273,7 +273,7 @@ size_t stateBytes(const OpState& s, Bytes bytes, bool used) {
   for (const TensorPlan& p : s.plans) {
     total += bytes(p.localBits) + bytes(p.members) + bytes(p.limbs) + bytes(p.leftover) + bytes(p.floatSums) +
              bytes(p.result) + bytes(p.mine);
-    total += sizeof(float) * (used ? (p.haveLocal ? p.count + 8 : 0) : p.localValues.capacity);
+    total += sizeof(float) * (used ? (p.haveLocal ? p.count + LocalValues::kRoom : 0) : p.localValues.capacity);
   }
   if (s.pipeline && (s.pipelined || !used))
     for (const auto& c : s.pipeline->chunks) total += stateBytes(c->state, bytes, used);

@@ -25,7 +25,8 @@
 // word (simdjson's "flatten" loop: no data-dependent loop exit per word; the
 // writes past the word's members land in room the next word overwrites).
 // Compiled for the build's target (x86-64-v2: SSE4.1) and, with GCC, for
-// AVX2, picked at run time by the CPU (scanIndex); every path gives the same
+// AVX2 and AVX-512, picked at run time by the CPU (scanIndex); AVX-512 copies
+// the members out by compressing each vector instead. Every path gives the same
 // words, values and statistics (tests/unit/test_sketch_host.cc compares them).
 #include "compressors/sketch/sketch_host.h"
 
@@ -33,7 +34,8 @@
 #include <immintrin.h>
 #define SHOAL_SKETCH_X86 1
 #if defined(__GNUC__) && !defined(__clang__)
-#define SHOAL_SKETCH_AVX2 1  // GCC: functions compiled for AVX2 beside the baseline ones
+#define SHOAL_SKETCH_AVX2 1    // GCC: functions compiled for AVX2 beside the baseline ones
+#define SHOAL_SKETCH_AVX512 1  // ... and for AVX-512 (F, BW, VL)
 #endif
 #endif
 
@@ -290,6 +292,86 @@ __attribute__((flatten)) LocalStats scanAvx2(const float* x, size_t count, uint6
 }
 #pragma GCC pop_options
 #endif
+
+#if SHOAL_SKETCH_AVX512
+// AVX-512: 16 lanes, 4 vectors a block. What it adds over AVX2 is the members'
+// copy: a lane mask per vector and a compress of the vector's members into one
+// register, stored whole (up to 15 floats past the last member: LocalValues'
+// room) and the output advanced by their count, instead of a scalar load and
+// store per member (flattenMembers). Compress to a register, not to memory:
+// the store form is microcoded on AMD's Zen 4.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl")
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined operands
+// (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+struct Avx512 {
+  __m512i maxMag, minKey, negZeros;
+  Avx512() : maxMag(_mm512_setzero_si512()), minKey(_mm512_set1_epi32(-1)), negZeros(_mm512_setzero_si512()) {}
+
+  void addValues(const float* values, std::ptrdiff_t n, Totals& totals) {
+    const __m512i magnitude = _mm512_set1_epi32(int(kMagnitude)), implicit = _mm512_set1_epi32(0x800000),
+                  one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+    std::ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512i t = _mm512_and_si512(_mm512_loadu_si512(values + i), magnitude);
+      maxMag = _mm512_max_epu32(maxMag, t);
+      const __m512i b = _mm512_or_si512(t, implicit);
+      const __m512i low = _mm512_and_si512(b, _mm512_sub_epi32(zero, b));  // 2^ctz(b)
+      const __m512i ctz127 = _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(low)), 23);
+      minKey = _mm512_min_epu32(minKey, _mm512_add_epi32(_mm512_max_epi32(_mm512_srli_epi32(t, 23), one), ctz127));
+    }
+    for (; i < n; ++i) {
+      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
+      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
+      totals.minKey = std::min(totals.minKey, lowestKey(t));
+    }
+  }
+
+  uint64_t block(const float* x, float** out) {
+    // The skip test in 256-bit halves, as the AVX2 path's (measured faster there at 0.1%).
+    __m256i any256 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    for (int k = 1; k < 8; ++k) any256 = _mm256_or_si256(any256, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * k)));
+    if (_mm256_testz_si256(any256, _mm256_set1_epi32(int(kMagnitude)))) {  // every element +-0: a skip
+      negZeros = _mm512_or_si512(negZeros, _mm512_castsi256_si512(any256));
+      return 0;
+    }
+    const __m512i magnitude = _mm512_set1_epi32(int(kMagnitude));
+    __m512i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm512_loadu_si512(x + 16 * k);
+    uint64_t mask = 0;
+    float* o = *out;
+    for (int k = 0; k < 4; ++k) {
+      const __mmask16 members = _mm512_test_epi32_mask(v[k], magnitude);
+      negZeros = _mm512_mask_or_epi32(negZeros, __mmask16(~members), negZeros, v[k]);
+      _mm512_storeu_ps(o, _mm512_maskz_compress_ps(members, _mm512_castsi512_ps(v[k])));
+      o += __builtin_popcount(members);
+      mask |= uint64_t(members) << (16 * k);
+    }
+    *out = o;
+    return mask;
+  }
+
+  void finish(Totals& totals) const {
+    alignas(64) uint32_t lanes[3][16];
+    _mm512_store_si512(lanes[0], maxMag);
+    _mm512_store_si512(lanes[1], minKey);
+    _mm512_store_si512(lanes[2], negZeros);
+    for (int k = 0; k < 16; ++k) {
+      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
+      totals.minKey = std::min(totals.minKey, lanes[1][k]);
+      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
+    }
+  }
+};
+
+__attribute__((flatten)) LocalStats scanAvx512(const float* x, size_t count, uint64_t* words, float* out) {
+  return scanWith<Avx512>(x, count, words, out);
+}
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
 #endif
 
 }  // namespace
@@ -302,6 +384,11 @@ bool scanPathAvailable(ScanPath path) {
 #if SHOAL_SKETCH_AVX2
     case ScanPath::Avx2: return __builtin_cpu_supports("avx2");
 #endif
+#if SHOAL_SKETCH_AVX512
+    case ScanPath::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+#endif
 #endif
     default: return false;
   }
@@ -312,13 +399,13 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
   // the values are written even for a caller that does not keep them.
   LocalValues scratch;
   LocalValues& kept = values ? *values : scratch;
-  // + room for flattenMembers' writes past the last member. Only [0, size) is ever read, and the scan
+  // + room for the vector scans' writes past the last member. Only [0, size) is ever read, and the scan
   // writes all of it: a buffer kept from an earlier call needs no clearing.
-  if (kept.capacity < count + 8) {
+  if (kept.capacity < count + LocalValues::kRoom) {
     kept.data.reset();  // the old buffer goes before the new one is made, not beside it
     kept.capacity = 0;  // (consistent should the allocation throw)
-    kept.data.reset(new float[count + 8]);
-    kept.capacity = count + 8;
+    kept.data.reset(new float[count + LocalValues::kRoom]);
+    kept.capacity = count + LocalValues::kRoom;
   }
   float* const out = kept.data.get();
   LocalStats s;
@@ -327,6 +414,9 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
     case ScanPath::Sse41: s = scanSse41(x, count, words, out); break;
 #if SHOAL_SKETCH_AVX2
     case ScanPath::Avx2: s = scanAvx2(x, count, words, out); break;
+#endif
+#if SHOAL_SKETCH_AVX512
+    case ScanPath::Avx512: s = scanAvx512(x, count, words, out); break;
 #endif
 #endif
     default: s = scanPortable(x, count, words, out); break;
@@ -339,7 +429,8 @@ LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* 
 }
 
 LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues* values) {
-  static const ScanPath best = scanPathAvailable(ScanPath::Avx2)    ? ScanPath::Avx2
+  static const ScanPath best = scanPathAvailable(ScanPath::Avx512)  ? ScanPath::Avx512
+                               : scanPathAvailable(ScanPath::Avx2)  ? ScanPath::Avx2
                                : scanPathAvailable(ScanPath::Sse41) ? ScanPath::Sse41
                                                                     : ScanPath::Portable;
   return scanIndexWith(best, x, count, words, values);

@@ -106,8 +106,10 @@ class SpareBudget {
 // Room for a tensor's nonzero values, allocated but not initialised (the
 // pages a sparse tensor never reaches are never touched). Kept across calls
 // (sketch.cc keeps a finished operation's buffers): the scan allocates again
-// only when capacity is short of the tensor's count + 8.
+// only when capacity is short of the tensor's count + kRoom (the vector
+// scans write whole vectors, up to 15 floats past the last member).
 struct LocalValues {
+  static constexpr size_t kRoom = 16;
   std::unique_ptr<float[]> data;
   size_t size = 0;      // values the last scan wrote
   size_t capacity = 0;  // floats data holds
@@ -123,7 +125,7 @@ LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues*
 
 // The scan's implementations: the same words, values and statistics from each
 // (tests run every one the CPU has).
-enum class ScanPath { Portable, Sse41, Avx2 };
+enum class ScanPath { Portable, Sse41, Avx2, Avx512 };
 bool scanPathAvailable(ScanPath path);
 LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* words, LocalValues* values);
 
@@ -194,16 +196,35 @@ inline void bitmapMembersFast(const uint64_t* words, size_t count, List& members
   members.resize(total);
 }
 
+// How writeMembers stores the dense output. Plain: 4 KiB at a time, zeroed
+// then the block's members written into lines still in L1; the output stays
+// in cache for the caller, who reads it next (the optimizer). Streaming: 64
+// floats at a time built in a local block and written with streaming stores,
+// which skip the read a plain store of a line not in cache makes first.
+enum class OutputStores { Plain, Streaming };
+
+// Streaming only pays where nearly every 64-float block holds no member (under
+// 1 member in 256 elements: the write is mostly zeros, to lines a plain store
+// would read first) in an output that is not tiny. Measured on this project's
+// VM (AMD EPYC, 32 MiB L3; docs/benchmarks.md, "The sketch's output write"):
+// streaming stores with members in most blocks were 2-3x slower than plain
+// ones at 1% and 10% density at every size; at 0.1% streaming was faster in
+// the compressor's whole call and the NCF step out of place.
+constexpr size_t kStreamingMinBytes = size_t(256) << 10;
+inline OutputStores outputStoresFor(size_t count, size_t u) {
+  return count * sizeof(float) >= kStreamingMinBytes && u < count / 256 ? OutputStores::Streaming
+                                                                         : OutputStores::Plain;
+}
+
 // The dense output of a compact or sketch tensor: +0 off U, result[p] at
-// members[p]. One pass, 64 floats at a time built in a local block and
-// written with streaming stores (the output is not read again here, and a
-// plain store of a line not in cache reads it first), instead of a memset of
-// the whole tensor followed by a scatter that misses the cache again.
-inline void writeMembers(float* out, size_t count, const uint64_t* members, const float* result, size_t u) {
+// members[p], in one pass (not a memset of the whole tensor followed by a
+// scatter that misses the cache again).
+inline void writeMembersWith(OutputStores stores, float* out, size_t count, const uint64_t* members,
+                             const float* result, size_t u) {
   size_t p = 0;
   size_t base = 0;
 #if defined(__SSE2__)
-  if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+  if (stores == OutputStores::Streaming && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
     alignas(16) float block[64];
     const __m128 zero = _mm_setzero_ps();
     for (; base + 64 <= count; base += 64) {
@@ -218,8 +239,19 @@ inline void writeMembers(float* out, size_t count, const uint64_t* members, cons
     _mm_sfence();  // streaming stores are weakly ordered: visible before the caller reads out
   }
 #endif
+  constexpr size_t kBlock = 1024;  // 4 KiB: zeroed, then its members land in L1
+  if (stores == OutputStores::Plain) {
+    for (; base + kBlock <= count; base += kBlock) {
+      std::memset(out + base, 0, kBlock * sizeof(float));
+      for (; p < u && members[p] < base + kBlock; ++p) out[members[p]] = result[p];
+    }
+  }
   if (base < count) std::memset(out + base, 0, (count - base) * sizeof(float));
   for (; p < u; ++p) out[members[p]] = result[p];
+}
+
+inline void writeMembers(float* out, size_t count, const uint64_t* members, const float* result, size_t u) {
+  writeMembersWith(outputStoresFor(count, u), out, count, members, result, u);
 }
 
 }  // namespace shoal::sketch

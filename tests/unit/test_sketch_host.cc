@@ -38,15 +38,23 @@ std::vector<float> sample(size_t count, double density, uint64_t seed, bool spec
   return x;
 }
 
-// Every scan path this CPU has (the portable loop always; SSE4.1 and AVX2 on x86).
+// Every scan path this CPU has (the portable loop always; SSE4.1, AVX2 and AVX-512 on x86).
 std::vector<ScanPath> scanPaths() {
   std::vector<ScanPath> paths;
-  for (ScanPath p : {ScanPath::Portable, ScanPath::Sse41, ScanPath::Avx2})
+  for (ScanPath p : {ScanPath::Portable, ScanPath::Sse41, ScanPath::Avx2, ScanPath::Avx512})
     if (scanPathAvailable(p)) paths.push_back(p);
   return paths;
 }
 
-const char* pathName(ScanPath p) { return p == ScanPath::Portable ? "portable" : p == ScanPath::Sse41 ? "sse4.1" : "avx2"; }
+const char* pathName(ScanPath p) {
+  switch (p) {
+    case ScanPath::Portable: return "portable";
+    case ScanPath::Sse41: return "sse4.1";
+    case ScanPath::Avx2: return "avx2";
+    case ScanPath::Avx512: return "avx512";
+  }
+  return "?";
+}
 
 // scanIndexWith(path) against the per-element rule: words, values, statistics and the -0 flag.
 void expectScanMatchesRule(ScanPath path, const std::vector<float>& x, const std::string& what) {
@@ -108,7 +116,7 @@ TEST(SketchHost, ScanIndexMatchesPerElementRule) {
 // The compressor keeps each tensor's LocalValues from call to call: a scan
 // into one that an earlier scan of another size and density filled gives the
 // same words, values and count as a scan into a fresh one, and reallocates
-// only when the room is short of count + 8.
+// only when the room is short of count + LocalValues::kRoom.
 TEST(SketchHost, ScanIntoKeptValuesMatchesFresh) {
   for (ScanPath path : scanPaths()) {
     LocalValues kept;
@@ -131,7 +139,7 @@ TEST(SketchHost, ScanIntoKeptValuesMatchesFresh) {
         ASSERT_EQ(kept.size, once.size) << where;
         if (once.size > 0)
           EXPECT_EQ(0, std::memcmp(kept.data.get(), once.data.get(), once.size * sizeof(float))) << where;
-        EXPECT_EQ(kept.capacity, std::max(room, count + 8)) << where;
+        EXPECT_EQ(kept.capacity, std::max(room, count + LocalValues::kRoom)) << where;
       }
     }
   }
@@ -252,27 +260,42 @@ TEST(SketchHost, MemberValuesFollowTheUnion) {
 }
 
 TEST(SketchHost, WriteMembersAlignedAndNot) {
-  for (size_t count : {size_t(1), size_t(64), size_t(200), size_t(4099)}) {
-    for (size_t shift : {size_t(0), size_t(1)}) {  // out 16-byte aligned, then not
-      std::vector<float> storage(count + 8, 7.0f);
-      float* out = storage.data();
-      while (reinterpret_cast<uintptr_t>(out) % 16) ++out;
-      out += shift;
-      std::vector<uint64_t> members;
-      std::vector<float> result;
-      for (size_t i = 0; i < count; i += 1 + i % 5) {
-        members.push_back(i);
-        result.push_back(float(i) + 0.5f);
+  for (OutputStores stores : {OutputStores::Plain, OutputStores::Streaming}) {
+    for (size_t count : {size_t(1), size_t(64), size_t(200), size_t(1024), size_t(4099), size_t(9000)}) {
+      for (size_t shift : {size_t(0), size_t(1)}) {  // out 16-byte aligned, then not
+        std::vector<float> storage(count + 8, 7.0f);
+        float* out = storage.data();
+        while (reinterpret_cast<uintptr_t>(out) % 16) ++out;
+        out += shift;
+        std::vector<uint64_t> members;
+        std::vector<float> result;
+        for (size_t i = 0; i < count; i += 1 + i % 5) {
+          members.push_back(i);
+          result.push_back(float(i) + 0.5f);
+        }
+        writeMembersWith(stores, out, count, members.data(), result.data(), members.size());
+        size_t p = 0;
+        for (size_t i = 0; i < count; ++i) {
+          const float want = p < members.size() && members[p] == i ? result[p++] : 0.0f;
+          ASSERT_EQ(out[i], want) << int(stores) << " " << count << " " << shift << " " << i;
+        }
+        EXPECT_EQ(out[count], 7.0f);  // nothing past the end
       }
-      writeMembers(out, count, members.data(), result.data(), members.size());
-      size_t p = 0;
-      for (size_t i = 0; i < count; ++i) {
-        const float want = p < members.size() && members[p] == i ? result[p++] : 0.0f;
-        ASSERT_EQ(out[i], want) << count << " " << shift << " " << i;
-      }
-      EXPECT_EQ(out[count], 7.0f);  // nothing past the end
     }
   }
+}
+
+// Streaming stores only for an output of at least kStreamingMinBytes with under one member in 256
+// elements; plain stores otherwise (where streaming was measured slower).
+TEST(SketchHost, OutputStoresStreamOnlyALargeSparseOutput) {
+  const size_t least = kStreamingMinBytes / sizeof(float), large = size_t(1) << 26;
+  EXPECT_EQ(outputStoresFor(least - 1, 0), OutputStores::Plain);
+  EXPECT_EQ(outputStoresFor(least, 0), OutputStores::Streaming);
+  EXPECT_EQ(outputStoresFor(large, large / 1000), OutputStores::Streaming);  // 0.1%
+  EXPECT_EQ(outputStoresFor(large, large / 256), OutputStores::Plain);
+  EXPECT_EQ(outputStoresFor(large, large / 100), OutputStores::Plain);  // 1%
+  EXPECT_EQ(outputStoresFor(large, large / 10), OutputStores::Plain);   // 10%
+  EXPECT_EQ(outputStoresFor(1024, 1), OutputStores::Plain);
 }
 
 // The kept buffers' budget (sketch.cc keeps a finished call's state only within it): a large
