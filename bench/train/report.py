@@ -193,7 +193,8 @@ def fidelity_tables(out):
             steps = [r["step_ms_median"] for r in ok.values()]
             steps_per_epoch = [r["steps"] / len(r["epochs"]) for r in ok.values()]
             entry = {"epochs_to_target": reach[1], "steps_per_epoch": mean_sd(steps_per_epoch)[0], "mean": m,
-                     "reach": reach[0], "ranks": sorted({r.get("ranks", 2) for r in ok.values()})}
+                     "reach": reach[0], "reach_basis": reach[3],
+                     "ranks": sorted({r.get("ranks", 2) for r in ok.values()})}
             reached = reach[0]
             if name in TWO_PHASE:
                 full, after = split_epochs(reach[2], {s: r.get("warmup_epochs") for s, r in ok.items()})
@@ -207,8 +208,10 @@ def fidelity_tables(out):
             summary[task][name] = entry
         if target is not None:
             text.append("\n\"Epochs to dense's accuracy\": the first epoch whose test %s reaches the final %s of "
-                        "dense with the same seed less half a point, mean over seeds; \"not reached\" where some "
-                        "seed never does. Dense's final mean: %.4f." % (metric, metric, target))
+                        "dense with the same seed less half a point, mean over seeds. Where some seed never does: the "
+                        "first epoch at which the seeds' mean %s reaches the mean of their dense finals less half a "
+                        "point (\"on the seeds' mean\"); \"not reached\" where that never happens either. "
+                        "Dense's final mean: %.4f." % (metric, metric, metric, target))
             if any(name in TWO_PHASE for name in by_config):
                 text.append("For %s: of those epochs, the mean over seeds of the ones trained full rank (the "
                             "first epoch at dense's accuracy, or the warm-up's epochs where it comes later) and "
@@ -218,11 +221,14 @@ def fidelity_tables(out):
 
 
 def epochs_to(runs, metric, dense):
-    """(text, mean, {seed: epoch}): the mean over seeds of the first epoch whose metric reaches the
-    same seed's dense final metric less half a point, and each seed's; "not reached" (None, None)
-    when some seed never gets there."""
+    """(text, mean, {seed: epoch}, basis): the mean over seeds of the first epoch whose metric
+    reaches the same seed's dense final metric less half a point, and each seed's (basis "seeds").
+    Where some seed never gets there: the first epoch at which the mean over the seeds of the
+    metric reaches the mean of their dense finals less half a point (basis "mean": the seeds' mean
+    curve, a test set's noise on one seed no longer decides), that epoch for every seed; "not
+    reached" (None, None) when the mean curve does not get there either."""
     if not dense:
-        return "—", None, None
+        return "—", None, None, None
     firsts = {}
     for seed, r in runs.items():
         if seed not in dense:
@@ -230,12 +236,27 @@ def epochs_to(runs, metric, dense):
         target = dense[seed][metric] - 0.005
         hit = [e["epoch"] for e in r["epochs"] if e[metric] >= target]
         if not hit:
-            return "not reached", None, None
+            return mean_curve_epochs(runs, metric, dense, seed)
         firsts[seed] = hit[0]
     if not firsts:
-        return "—", None, None
+        return "—", None, None, None
     m = sum(firsts.values()) / len(firsts)
-    return "%.1f" % m, m, firsts
+    return "%.1f" % m, m, firsts, "seeds"
+
+
+def mean_curve_epochs(runs, metric, dense, missed):
+    """epochs_to's answer on the seeds' mean curve (seed `missed` never reached its own target)."""
+    seeds = sorted(s for s in runs if s in dense)
+    curves = [runs[s]["epochs"] for s in seeds]
+    target = sum(dense[s][metric] for s in seeds) / len(seeds) - 0.005
+    for i in range(min(len(c) for c in curves)):
+        epoch = curves[0][i]["epoch"]
+        if any(c[i]["epoch"] != epoch for c in curves):
+            return "not reached (seed %d; the seeds' epochs differ)" % missed, None, None, None
+        if sum(c[i][metric] for c in curves) / len(curves) >= target:
+            return ("%d on the seeds' mean (seed %d never reaches its dense's)" % (epoch, missed), float(epoch),
+                    {s: epoch for s in seeds}, "mean")
+    return "not reached", None, None, None
 
 
 def no_comm_text(entry):
@@ -312,7 +333,8 @@ def speed_tables(out, summary, hosts):
                     "%.2f×" % (ms / limit_ms) if limit_ms else "—",
                     "%.2f" % (per_step / 1e6) if per_step is not None else "—",
                     "%.1f" % (per_step * 8 / rate_bits(rate) * 1e3) if per_step is not None and rate_bits(rate) else "—",
-                    "%.1f" % tta if tta else "—"))
+                    ("%.1f" % tta + (" (on the seeds' mean curve)" if on_mean_curve(fid, name) else "")) if tta
+                    else "—"))
                 why = underivable(fid, name) if task != "embeddings" else ""
                 if not tta and why:
                     not_derived.setdefault(why, []).append(name)
@@ -446,6 +468,13 @@ def runs_text(entries, names):
     return "; ".join(["%d of %d ok" % (good, len(entries))] + bad).replace("|", "/")
 
 
+def on_mean_curve(fid, *configs):
+    """'; X on the seeds' mean curve' for those of configs whose epochs to dense's accuracy come
+    from the seeds' mean curve (epochs_to), or ""."""
+    mean = [n for n in configs if fid.get(n, {}).get("reach_basis") == "mean"]
+    return "; %s on the seeds' mean curve" % " and ".join(mean) if mean else ""
+
+
 def underivable(fid, *configs):
     """Why the fidelity summary fid gives no time to dense's accuracy for some of configs, or ""."""
     hint = " (run.sh --fidelity, or report.py --fidelity-from / --epochs-to-target)"
@@ -527,8 +556,8 @@ def repeat_task_tables(out, task, rates, summary, hosts):
                         a, b = tta_s(fid, peer, at), tta_s(fid, name, at)
                         tta.append(a / b if a and b else None)
                     more = [TWO_PHASE[name]] if name in TWO_PHASE and TWO_PHASE[name] in table else []
-                    ratio_rows.append((rate, name, "%s, time to dense's accuracy (derived)" % peer, tta,
-                                       pairs_text(tta, names, table, name, peer, *more)))
+                    ratio_rows.append((rate, name, "%s, time to dense's accuracy (derived%s)" % (
+                        peer, on_mean_curve(fid, name, peer)), tta, pairs_text(tta, names, table, name, peer, *more)))
                     s = spread(tta)
                     if peer == "ddp-none" and s and (best_tta is None or s["median"] > best_tta[1]["median"]):
                         best_tta = (name, s)

@@ -215,6 +215,32 @@ def cnn_fidelity(out):
         fidelity_run(d, "pufferfish-fused", seed, finals, (3, 3, None)[seed], warmup=2)
 
 
+def test_epochs_to_dense_accuracy_per_seed_then_on_the_seeds_mean(report):
+    """Each seed's first epoch at its own dense's final less half a point; where one seed never gets
+    there, the first epoch at which the seeds' mean reaches their dense finals' mean less half a
+    point, for every seed; "not reached" when the mean never does either."""
+    def run(*accuracy):
+        return {"epochs": [{"epoch": e, "accuracy": a} for e, a in enumerate(accuracy, 1)]}
+    dense = {0: {"accuracy": 0.98}, 1: {"accuracy": 0.96}}
+    text, mean, firsts, basis = report.epochs_to({0: run(0.90, 0.976, 0.98), 1: run(0.957, 0.96, 0.96)},
+                                                 "accuracy", dense)
+    assert (mean, firsts, basis) == (1.5, {0: 2, 1: 1}, "seeds")
+    # Seed 0 ends 1 point under its dense (0.97 < 0.975); the mean reaches 0.97 - 0.005 at epoch 3.
+    text, mean, firsts, basis = report.epochs_to({0: run(0.90, 0.95, 0.97), 1: run(0.90, 0.95, 0.96)},
+                                                 "accuracy", dense)
+    assert (mean, firsts, basis) == (3.0, {0: 3, 1: 3}, "mean")
+    assert text == "3 on the seeds' mean (seed 0 never reaches its dense's)"
+    # Neither a seed nor the mean: not reached, and no epochs to derive a time from.
+    assert report.epochs_to({0: run(0.90, 0.95, 0.96), 1: run(0.90, 0.95, 0.95)}, "accuracy", dense) == (
+        "not reached", None, None, None)
+    # The mean curve needs the same epochs on every seed.
+    text, mean, _, _ = report.epochs_to({0: run(0.90, 0.95, 0.97), 1: run(0.90, 0.95)}, "accuracy", dense)
+    assert mean is None
+    fid = {"shoal-powersgd": {"reach_basis": "mean"}, "ddp-none": {"reach_basis": "seeds"}}
+    assert report.on_mean_curve(fid, "shoal-powersgd", "ddp-none") == "; shoal-powersgd on the seeds' mean curve"
+    assert report.on_mean_curve(fid, "ddp-none") == ""
+
+
 def test_split_epochs(report):
     assert report.split_epochs({0: 5, 1: 6, 2: 1}, {0: 2, 1: 2, 2: 2}) == pytest.approx((5 / 3, 7 / 3))
     assert report.split_epochs({0: 5}, {0: None}) == (None, None)
