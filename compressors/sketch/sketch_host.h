@@ -207,9 +207,9 @@ enum class OutputStores { Plain, Streaming };
 // 1 member in 256 elements: the write is mostly zeros, to lines a plain store
 // would read first) in an output that is not tiny. Measured on this project's
 // VM (AMD EPYC, 32 MiB L3; docs/benchmarks.md, "The sketch's output write"):
-// streaming stores with members in most blocks were 2-3x slower than plain
-// ones at 1% and 10% density at every size; at 0.1% streaming was faster in
-// the compressor's whole call and the NCF step out of place.
+// streaming stores were 2.4-5.4x slower than plain ones at 10% density (4-256
+// MiB) and 2.8x at 1% up to 16 MiB (near even at 64 MiB, 1.3x slower at 256);
+// at 0.1% streaming made the compressor's whole call faster.
 constexpr size_t kStreamingMinBytes = size_t(256) << 10;
 inline OutputStores outputStoresFor(size_t count, size_t u) {
   return count * sizeof(float) >= kStreamingMinBytes && u < count / 256 ? OutputStores::Streaming
