@@ -66,6 +66,26 @@ inline void addMembersScalar(const float* x, uint64_t mask, Totals& totals) {
   }
 }
 
+// Folds values[0..n) (members: every one nonzero) into totals one by one: the vector loops' tails.
+inline void addValuesScalar(const float* values, std::ptrdiff_t n, Totals& totals) {
+  for (std::ptrdiff_t i = 0; i < n; ++i) {
+    const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
+    totals.maxMagnitude = std::max(totals.maxMagnitude, t);
+    totals.minKey = std::min(totals.minKey, lowestKey(t));
+  }
+}
+
+// Folds a vector pass's N lanes (lanes[0]: maximum magnitudes, [1]: minimum keys, [2]: the -0
+// bits seen) into totals.
+template <size_t N>
+inline void foldLanes(const uint32_t (&lanes)[3][N], Totals& totals) {
+  for (size_t k = 0; k < N; ++k) {
+    totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
+    totals.minKey = std::min(totals.minKey, lanes[1][k]);
+    totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
+  }
+}
+
 // x[0..64)'s members named by mask, at out in index order; returns the end.
 // Writes up to 7 values past the end (room the caller provides): eight
 // writes whatever the member count up to 8, then eight more up to 16.
@@ -153,11 +173,7 @@ struct Sse41 {
       const __m128i ctz127 = _mm_srli_epi32(_mm_castps_si128(_mm_cvtepi32_ps(low)), 23);
       minKey = _mm_min_epu32(minKey, _mm_add_epi32(_mm_max_epi32(_mm_srli_epi32(t, 23), one), ctz127));
     }
-    for (; i < n; ++i) {
-      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
-      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
-      totals.minKey = std::min(totals.minKey, lowestKey(t));
-    }
+    addValuesScalar(values + i, n - i, totals);
   }
 
   // One block of 64: returns its word, notes its -0s, appends its members' values at *out.
@@ -188,11 +204,7 @@ struct Sse41 {
     _mm_store_si128(reinterpret_cast<__m128i*>(lanes[0]), maxMag);
     _mm_store_si128(reinterpret_cast<__m128i*>(lanes[1]), minKey);
     _mm_store_si128(reinterpret_cast<__m128i*>(lanes[2]), negZeros);
-    for (int k = 0; k < 4; ++k) {
-      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
-      totals.minKey = std::min(totals.minKey, lanes[1][k]);
-      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
-    }
+    foldLanes(lanes, totals);
   }
 };
 
@@ -244,11 +256,7 @@ struct Avx2 {
       const __m256i ctz127 = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(low)), 23);
       minKey = _mm256_min_epu32(minKey, _mm256_add_epi32(_mm256_max_epi32(_mm256_srli_epi32(t, 23), one), ctz127));
     }
-    for (; i < n; ++i) {
-      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
-      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
-      totals.minKey = std::min(totals.minKey, lowestKey(t));
-    }
+    addValuesScalar(values + i, n - i, totals);
   }
 
   uint64_t block(const float* x, float** out) {
@@ -278,11 +286,7 @@ struct Avx2 {
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), maxMag);
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), minKey);
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), negZeros);
-    for (int k = 0; k < 8; ++k) {
-      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
-      totals.minKey = std::min(totals.minKey, lanes[1][k]);
-      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
-    }
+    foldLanes(lanes, totals);
   }
 };
 
@@ -322,11 +326,7 @@ struct Avx512 {
       const __m512i ctz127 = _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(low)), 23);
       minKey = _mm512_min_epu32(minKey, _mm512_add_epi32(_mm512_max_epi32(_mm512_srli_epi32(t, 23), one), ctz127));
     }
-    for (; i < n; ++i) {
-      const uint32_t t = ops::floatBits(values[i]) & kMagnitude;
-      totals.maxMagnitude = std::max(totals.maxMagnitude, t);
-      totals.minKey = std::min(totals.minKey, lowestKey(t));
-    }
+    addValuesScalar(values + i, n - i, totals);
   }
 
   uint64_t block(const float* x, float** out) {
@@ -358,11 +358,7 @@ struct Avx512 {
     _mm512_store_si512(lanes[0], maxMag);
     _mm512_store_si512(lanes[1], minKey);
     _mm512_store_si512(lanes[2], negZeros);
-    for (int k = 0; k < 16; ++k) {
-      totals.maxMagnitude = std::max(totals.maxMagnitude, lanes[0][k]);
-      totals.minKey = std::min(totals.minKey, lanes[1][k]);
-      totals.negativeZero |= (lanes[2][k] & 0x80000000u) != 0;
-    }
+    foldLanes(lanes, totals);
   }
 };
 
