@@ -70,7 +70,8 @@ int rankMain(const std::string& mode) {
     // A faster rank may have returned from main already, and its exit finalized the communicator:
     // then this request is refused (SHOAL_ERR_REMOTE, saying so), which a program that never waits
     // for it may ignore. Any other failure still fails the rank.
-    const shoal_status_t status = shoal_iallreduce(comm, "left-pending", &tensor, &tensor, SHOAL_SUM, nullptr, &request);
+    const shoal_status_t status =
+        shoal_iallreduce(comm, "left-pending", &tensor, &tensor, SHOAL_SUM, nullptr, &request);
     const bool peerFinalized =
         status == SHOAL_ERR_REMOTE && std::strstr(shoal_last_error(comm), "finalized its communicator") != nullptr;
     if (status != SHOAL_OK && !peerFinalized) return failed("shoal_iallreduce", comm);
