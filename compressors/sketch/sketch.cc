@@ -105,6 +105,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -422,6 +423,26 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
         return SHOAL_ERR_INVALID_ARGUMENT;
       }
       config.chunk = size_t(v);
+    } else if (key == "scan") {
+      static const std::pair<const char*, ScanPath> kPaths[] = {
+          {"portable", ScanPath::Portable}, {"sse4.1", ScanPath::Sse41}, {"avx2", ScanPath::Avx2},
+          {"avx512", ScanPath::Avx512}};
+      const auto* named =
+          std::find_if(std::begin(kPaths), std::end(kPaths), [&](const auto& path) { return value == path.first; });
+      if (value == "auto") {
+        config.scan = -1;
+      } else if (named == std::end(kPaths)) {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: scan='%s' is not one of auto, avx512, avx2, sse4.1, portable", value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      } else if (!scanPathAvailable(named->second)) {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: scan=%s: this CPU or build lacks that scan (scan=auto takes the best it has)",
+                  value.c_str());
+        return SHOAL_ERR_UNSUPPORTED;
+      } else {
+        config.scan = int(named->second);
+      }
     } else if (key == "ratio") {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
@@ -528,14 +549,15 @@ uint64_t* statsCodesOf(OpState& s, int t) {
 uint64_t scaleCode(const TensorPlan& plan) { return (uint64_t(plan.Tg + 200) << 32) | uint64_t(200 - plan.Qg); }
 
 // Round 0: local index and exponent statistics (+ in ratio mode the pre-sized sketch).
-void encodeIndex(OpState& s, shoal_compress_op_t* op) {
+void encodeIndex(const Instance& inst, OpState& s, shoal_compress_op_t* op) {
   for (int t = 0; t < op->num_tensors; ++t) {
     TensorPlan& plan = s.plans[t];
     const float* x = inputOf(op->tensors[t]);
     uint64_t* bits = s.bitmap.data() + plan.wordOffset;
     LocalStats local;
     if (plan.bloom.words == 0) {
-      local = scanIndex(x, plan.count, bits, &plan.localValues);  // sketch_host.cc: 64 elements a step
+      local = inst.scan < 0 ? scanIndex(x, plan.count, bits, &plan.localValues)  // sketch_host.cc: 64 a step
+                            : scanIndexWith(ScanPath(inst.scan), x, plan.count, bits, &plan.localValues);
       plan.localBits.assign(bits, bits + plan.words);  // the payload is reduced in place
       plan.haveLocal = true;
       plan.localNegativeZero = local.negativeZero;
@@ -1008,7 +1030,7 @@ shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op
     }
     // The helper's readIndex / encodeValues refused chunk helperChunk (its text is in op's error buffer).
     if (p.helperStatus != SHOAL_OK) return chunkFailed(op, p.helperStatus, p.helperChunk, chunks);
-    if (r == 0) encodeIndex(p.chunks[0]->state, &p.chunks[0]->op);
+    if (r == 0) encodeIndex(inst, p.chunks[0]->state, &p.chunks[0]->op);
     if (r == chunks + 2) {  // the last chunk's values arrived: the call ends here
       Chunk& c = *p.chunks[chunks - 1];
       decodeKnown(c.state, &c.op, true);
@@ -1037,7 +1059,7 @@ shoal_status_t pipelineRound(Instance& inst, OpState& s, shoal_compress_op_t* op
     Chunk* decode = r >= 3 ? p.chunks[r - 3].get() : nullptr;  // r - 3 <= chunks - 2: the last is decoded above
     if (scan || encode || decode)
       startHelper(p, [&inst, &p, scan, encode, decode, chunk = r - 1] {
-        if (scan) encodeIndex(scan->state, &scan->op);
+        if (scan) encodeIndex(inst, scan->state, &scan->op);
         if (encode) {
           shoal_status_t status = readIndex(inst, encode->state, &encode->op);
           if (status == SHOAL_OK) status = encodeValues(inst, encode->state, &encode->op);
@@ -1065,7 +1087,7 @@ shoal_status_t round(void* instance, void* opState, shoal_compress_op_t* op, sho
 #endif
   if (s.pipelined) return pipelineRound(inst, s, op, round);
   if (round->index == 0) {
-    encodeIndex(s, op);
+    encodeIndex(inst, s, op);
     round->num_payloads = indexPayloads(s, round->payloads);
     s.stage = 0;
     return SHOAL_OK;

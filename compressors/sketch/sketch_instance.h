@@ -28,6 +28,9 @@ struct Instance {
   // chunk=: one host tensor of at least two chunks goes in chunks of this many elements, pipelined
   // (sketch.cc, pipelineRound); 0: in one piece.
   size_t chunk = size_t(1) << 22;
+  // scan=: round 0's scan path on the host (sketch_host.h's ScanPath as an int), -1: the best the
+  // CPU has. Every path gives the same bits (nothing on the wire changes); one the CPU lacks is refused.
+  int scan = -1;
   // ratio mode: the scale (T, Q) agreed by the last operation, per (tensor position, count). Every
   // rank sees the same operations in the same order, so every rank guesses alike; round 0 checks
   // that they did (guess words) and that the values fit, else falls back losslessly.

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "compressors/sketch/sketch_host.h"
 #include "compressors/sketch/sketch_instance.h"
 #include "compressors/sketch/sketch_math.h"
 #include "compressors/sketch/sketch_peel.h"
@@ -471,7 +472,7 @@ TEST(Sketch, OptionsRefusedWithText) {
     opts.compress_min_bytes = 0;
     for (const char* bad : {"values=fast", "cells_per_item=1.0", "cells_per_item=abc", "cells_per_item=", "bogus=1",
                             "index=tree", "expected_density=0", "expected_density=1.5", "ratio=1",
-                            "ratio=x", "cells=f16"}) {
+                            "ratio=x", "cells=f16", "scan=sse2", "scan="}) {
       opts.compressor_options = bad;
       EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT) << bad;
       std::string key = std::string(bad).substr(0, std::string(bad).find('='));
@@ -481,6 +482,53 @@ TEST(Sketch, OptionsRefusedWithText) {
     EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_OK) << shoal_last_error(comm);
     EXPECT_EQ(data[3], 8.0f);
   });
+}
+
+// scan= picks round 0's scan path (every path gives the same bits; the option, like every
+// compressor option, must agree between ranks): each path this CPU has gives the exact sum in
+// every mode; one it lacks is refused with SHOAL_ERR_UNSUPPORTED and text.
+TEST(Sketch, EveryScanPathExactAndOneTheCpuLacksRefused) {
+  using shoal::sketch::ScanPath;
+  using shoal::sketch::scanPathAvailable;
+  const size_t count = 20011;
+  std::vector<std::string> paths = {"auto"};
+  for (auto [name, path] : {std::pair{"portable", ScanPath::Portable}, std::pair{"sse4.1", ScanPath::Sse41},
+                            std::pair{"avx2", ScanPath::Avx2}, std::pair{"avx512", ScanPath::Avx512}})
+    if (scanPathAvailable(path)) paths.push_back(name);
+  for (double density : {0.001, 0.05, 0.5}) {
+    Gen gen = sparseGen(hash3(7, uint64_t(density * 1e6), 1), 3, density, Overlap::Independent);
+    const std::shared_ptr<const Inputs> inputs = inputsOf(gen, 3, count);
+    const std::vector<float> expected = referenceOf(*inputs, SHOAL_SUM);
+    runRanks(3, [&](int rank, shoal_comm_t comm) {
+      for (const std::string& path : paths)
+        for (const char* mode : kModes) {
+          const std::string options = std::string(mode) + ",scan=" + path;
+          runOneInput(comm, rank, (*inputs)[rank], options, SHOAL_SUM, expected,
+                      "density " + std::to_string(density) + ", " + options, nullptr);
+        }
+    });
+  }
+  std::printf("scan paths run: ");
+  for (const std::string& p : paths) std::printf(" %s", p.c_str());
+  std::printf("\n");
+  for (auto [name, path] : {std::pair{"avx512", ScanPath::Avx512}, std::pair{"avx2", ScanPath::Avx2}}) {
+    if (scanPathAvailable(path)) continue;
+    const shoal_compressor_t* table = shoal::compressors::sketch();
+    const std::string option = name;
+    const char* keys[] = {"scan"};
+    const char* values[] = {option.c_str()};
+    char err[256] = {};
+    shoal_compressor_params_t params{};
+    params.struct_size = sizeof params;
+    params.num_options = 1;
+    params.keys = keys;
+    params.values = values;
+    params.error_text = err;
+    params.error_text_size = sizeof err;
+    void* instance = nullptr;
+    EXPECT_EQ(table->create(&params, &instance), SHOAL_ERR_UNSUPPORTED) << name;
+    EXPECT_NE(std::string(err).find("lacks"), std::string::npos) << err;
+  }
 }
 
 TEST(Sketch, TableDeclaresExactLossless) {
