@@ -513,21 +513,9 @@ TEST(Sketch, EveryScanPathExactAndOneTheCpuLacksRefused) {
   std::printf("\n");
   for (auto [name, path] : {std::pair{"avx512", ScanPath::Avx512}, std::pair{"avx2", ScanPath::Avx2}}) {
     if (scanPathAvailable(path)) continue;
-    const shoal_compressor_t* table = shoal::compressors::sketch();
-    const std::string option = name;
-    const char* keys[] = {"scan"};
-    const char* values[] = {option.c_str()};
-    char err[256] = {};
-    shoal_compressor_params_t params{};
-    params.struct_size = sizeof params;
-    params.num_options = 1;
-    params.keys = keys;
-    params.values = values;
-    params.error_text = err;
-    params.error_text_size = sizeof err;
-    void* instance = nullptr;
-    EXPECT_EQ(table->create(&params, &instance), SHOAL_ERR_UNSUPPORTED) << name;
-    EXPECT_NE(std::string(err).find("lacks"), std::string::npos) << err;
+    CompressorRounds run(shoal::compressors::sketch(), 1);
+    EXPECT_EQ(run.create({{"scan", name}}), SHOAL_ERR_UNSUPPORTED) << name;
+    EXPECT_NE(std::string(run.error(0)).find("lacks"), std::string::npos) << run.error(0);
   }
 }
 
