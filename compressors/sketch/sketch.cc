@@ -424,24 +424,21 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
       }
       config.chunk = size_t(v);
     } else if (key == "scan") {
-      static const std::pair<const char*, ScanPath> kPaths[] = {
-          {"portable", ScanPath::Portable}, {"sse4.1", ScanPath::Sse41}, {"avx2", ScanPath::Avx2},
-          {"avx512", ScanPath::Avx512}};
-      const auto* named =
-          std::find_if(std::begin(kPaths), std::end(kPaths), [&](const auto& path) { return value == path.first; });
+      const auto* named = std::find_if(std::begin(kScanPaths), std::end(kScanPaths),
+                                       [&](ScanPath path) { return value == scanPathName(path); });
       if (value == "auto") {
         config.scan = -1;
-      } else if (named == std::end(kPaths)) {
+      } else if (named == std::end(kScanPaths)) {
         writeText(params->error_text, params->error_text_size,
                   "sketch: scan='%s' is not one of auto, avx512, avx2, sse4.1, portable", value.c_str());
         return SHOAL_ERR_INVALID_ARGUMENT;
-      } else if (!scanPathAvailable(named->second)) {
+      } else if (!scanPathAvailable(*named)) {
         writeText(params->error_text, params->error_text_size,
                   "sketch: scan=%s: this CPU or build lacks that scan (scan=auto takes the best it has)",
                   value.c_str());
         return SHOAL_ERR_UNSUPPORTED;
       } else {
-        config.scan = int(named->second);
+        config.scan = int(*named);
       }
     } else if (key == "ratio") {
       char* end = nullptr;

@@ -126,6 +126,9 @@ LocalStats scanIndex(const float* x, size_t count, uint64_t* words, LocalValues*
 // The scan's implementations: the same words, values and statistics from each
 // (tests run every one the CPU has).
 enum class ScanPath { Portable, Sse41, Avx2, Avx512 };
+constexpr ScanPath kScanPaths[] = {ScanPath::Portable, ScanPath::Sse41, ScanPath::Avx2, ScanPath::Avx512};
+// The path's name in the option scan= ("portable", "sse4.1", "avx2", "avx512").
+const char* scanPathName(ScanPath path);
 bool scanPathAvailable(ScanPath path);
 LocalStats scanIndexWith(ScanPath path, const float* x, size_t count, uint64_t* words, LocalValues* values);
 

@@ -492,9 +492,8 @@ TEST(Sketch, EveryScanPathExactAndOneTheCpuLacksRefused) {
   using shoal::sketch::scanPathAvailable;
   const size_t count = 20011;
   std::vector<std::string> paths = {"auto"};
-  for (auto [name, path] : {std::pair{"portable", ScanPath::Portable}, std::pair{"sse4.1", ScanPath::Sse41},
-                            std::pair{"avx2", ScanPath::Avx2}, std::pair{"avx512", ScanPath::Avx512}})
-    if (scanPathAvailable(path)) paths.push_back(name);
+  for (ScanPath path : shoal::sketch::kScanPaths)
+    if (scanPathAvailable(path)) paths.push_back(shoal::sketch::scanPathName(path));
   for (double density : {0.001, 0.05, 0.5}) {
     Gen gen = sparseGen(hash3(7, uint64_t(density * 1e6), 1), 3, density, Overlap::Independent);
     const std::shared_ptr<const Inputs> inputs = inputsOf(gen, 3, count);
@@ -511,8 +510,9 @@ TEST(Sketch, EveryScanPathExactAndOneTheCpuLacksRefused) {
   std::printf("scan paths run: ");
   for (const std::string& p : paths) std::printf(" %s", p.c_str());
   std::printf("\n");
-  for (auto [name, path] : {std::pair{"avx512", ScanPath::Avx512}, std::pair{"avx2", ScanPath::Avx2}}) {
+  for (ScanPath path : shoal::sketch::kScanPaths) {
     if (scanPathAvailable(path)) continue;
+    const std::string name = shoal::sketch::scanPathName(path);
     CompressorRounds run(shoal::compressors::sketch(), 1);
     EXPECT_EQ(run.create({{"scan", name}}), SHOAL_ERR_UNSUPPORTED) << name;
     EXPECT_NE(std::string(run.error(0)).find("lacks"), std::string::npos) << run.error(0);

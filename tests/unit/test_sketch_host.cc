@@ -41,19 +41,9 @@ std::vector<float> sample(size_t count, double density, uint64_t seed, bool spec
 // Every scan path this CPU has (the portable loop always; SSE4.1, AVX2 and AVX-512 on x86).
 std::vector<ScanPath> scanPaths() {
   std::vector<ScanPath> paths;
-  for (ScanPath p : {ScanPath::Portable, ScanPath::Sse41, ScanPath::Avx2, ScanPath::Avx512})
+  for (ScanPath p : kScanPaths)
     if (scanPathAvailable(p)) paths.push_back(p);
   return paths;
-}
-
-const char* pathName(ScanPath p) {
-  switch (p) {
-    case ScanPath::Portable: return "portable";
-    case ScanPath::Sse41: return "sse4.1";
-    case ScanPath::Avx2: return "avx2";
-    case ScanPath::Avx512: return "avx512";
-  }
-  return "?";
 }
 
 // scanIndexWith(path) against the per-element rule: words, values, statistics and the -0 flag.
@@ -78,7 +68,7 @@ void expectScanMatchesRule(ScanPath path, const std::vector<float>& x, const std
     want.top = std::max(want.top, p.top);
     want.lowest = std::min(want.lowest, p.lowest);
   }
-  const std::string where = what + ", " + pathName(path) + ", count " + std::to_string(count);
+  const std::string where = what + ", " + scanPathName(path) + ", count " + std::to_string(count);
   LocalValues got;
   const LocalStats s = scanIndexWith(path, x.data(), count, words.data(), &got);
   EXPECT_EQ(words, expected) << where;
@@ -109,7 +99,7 @@ TEST(SketchHost, ScanIndexMatchesPerElementRule) {
     }
   }
   std::printf("scan paths tested:");
-  for (ScanPath path : scanPaths()) std::printf(" %s", pathName(path));
+  for (ScanPath path : scanPaths()) std::printf(" %s", scanPathName(path));
   std::printf("\n");
 }
 
@@ -125,7 +115,7 @@ TEST(SketchHost, ScanIntoKeptValuesMatchesFresh) {
       for (double density : {1.0, 0.02, 0.5}) {
         ++seed;
         const std::vector<float> x = sample(count, density, 1000 + seed, seed % 2 == 0);
-        const std::string where = std::string(pathName(path)) + ", count " + std::to_string(count) + ", density " +
+        const std::string where = std::string(scanPathName(path)) + ", count " + std::to_string(count) + ", density " +
                                   std::to_string(density);
         const size_t room = kept.capacity;
         std::vector<uint64_t> words((count + 63) / 64, ~uint64_t(0)), fresh(words.size(), ~uint64_t(0));
