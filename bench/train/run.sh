@@ -15,14 +15,15 @@
 # the speed runs have hosts (the batch per step grows with the ranks, and so do the epochs to it).
 # --epochs N trains every fidelity run for N epochs instead of each example's default (more ranks
 # take fewer steps per epoch: 4 ranks need about twice the epochs of 2 for the same steps).
-#   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch; DDP gloo dense and + fp16 hook
+#   digits_mlp      shoal none, fp16, bf16, topk, powersgd, sketch, sketch-f32 (exact=0); DDP gloo dense
+#                   and + fp16 hook
 #   pufferfish_cnn  shoal none (full rank), pufferfish (factorized after 25 %), pufferfish-fused (the
 #                   same, its factorized gradients in one fused allreduce, as Pufferfish sends them),
 #                   powerfish (PowerSGD during the warm-up, then factorized), powersgd (full rank);
 #                   DDP gloo dense and + fp16 hook (full rank: their epochs to dense's accuracy)
 #   pufferfish_mnist1d  the same configurations, pufferfish_cnn.py --dataset mnist1d (the CNN in 1-D
 #                   on MNIST-1D generated offline: 8000 training, 4000 test samples against digits' 360)
-#   embeddings      shoal none, fp16, bf16, topk, powersgd, sketch (50,000 training interactions)
+#   embeddings      shoal none, fp16, bf16, topk, powersgd, sketch, sketch-f32 (50,000 training interactions)
 #
 # Speed (the emulated cluster of bench/netns, one rank per host namespace, --hosts hosts, each
 # link limited to every rate of --rates): the same model, data, batch and seed for each of shoal
@@ -159,6 +160,7 @@ configs_fidelity() {
     digits_mlp) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" \
       "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
       "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" \
+      "shoal-sketch-f32:--compression sketch --sketch-exact 0" \
       "ddp-none:--backend ddp --ddp-hook none" "ddp-fp16:--backend ddp --ddp-hook fp16" ;;
     pufferfish_cnn|pufferfish_mnist1d) printf '%s\n' "shoal-none:--compression none --warmup-frac 1" \
       "pufferfish:--compression none --warmup-frac 0.25" \
@@ -168,7 +170,8 @@ configs_fidelity() {
       "ddp-none:--backend ddp --ddp-hook none --warmup-frac 1" "ddp-fp16:--backend ddp --ddp-hook fp16 --warmup-frac 1" ;;
     embeddings) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" \
       "shoal-bf16:--compression bf16" "shoal-topk:--compression topk --topk-ratio 0.01" \
-      "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" ;;
+      "shoal-powersgd:--compression powersgd --powersgd-rank 4" "shoal-sketch:--compression sketch" \
+      "shoal-sketch-f32:--compression sketch --sketch-exact 0" ;;
   esac
 }
 configs_speed() {
@@ -184,7 +187,8 @@ configs_speed() {
       "ddp-powersgd:--backend ddp --ddp-hook powersgd --warmup-frac 1" ;;
     *) printf '%s\n' "shoal-none:--compression none" "shoal-fp16:--compression fp16" "shoal-bf16:--compression bf16" \
       "shoal-topk:--compression topk --topk-ratio 0.01" "shoal-powersgd:--compression powersgd --powersgd-rank 4" \
-      "shoal-sketch:--compression sketch" "ddp-none:--backend ddp --ddp-hook none" \
+      "shoal-sketch:--compression sketch" "shoal-sketch-f32:--compression sketch --sketch-exact 0" \
+      "ddp-none:--backend ddp --ddp-hook none" \
       "ddp-fp16:--backend ddp --ddp-hook fp16" "ddp-powersgd:--backend ddp --ddp-hook powersgd" ;;
   esac
 }

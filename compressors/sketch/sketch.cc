@@ -2,7 +2,7 @@
 // §7.2, after LHC, arXiv 2402.07529), CPU path (CUDA tensors: sketch_device.cc,
 // the same rounds on the device). Output bits == the exact sum
 // over ranks rounded once to f32 (avg: the exact sum / n rounded once), the
-// same bits on every rank and every run.
+// same bits on every rank and every run (exact=0, opt-in: see below).
 //
 // Round 0 (index), one payload (two with ratio=):
 //   - the bitmap of this rank's nonzero coordinates (1 bit per coordinate,
@@ -77,6 +77,13 @@
 //   takes the values round as above. Lossless either way.
 // values=dense when not exact falls back to compact; values=sketch with
 // |U| = 0 sends nothing. Tensors with |U| = 0 need no values round.
+// exact=0 (opt-in) gives the rule up for compact and dense values: they travel
+//   and sum as f32 wherever the rule fails (3+ ranks, a span beyond f32's
+//   bits), 4 bytes a member instead of 8 K: for dense gradients on many ranks,
+//   where the lossless limbs cost ~2x the plain allreduce's bytes. The output
+//   is then an f32 sum in the payload allreduce's order, the same bits on
+//   every rank (as the plain allreduce's), not the exact sum. The count
+//   sketch's cells and ratio='s pre-sized sketch stay exact (peeling needs it).
 // chunk=C (host tensors, default 2^22 elements): an operation of one tensor of
 //   at least 2C elements (values=auto|compact|dense, bitmap index, no ratio)
 //   goes in P <= 8 chunks, each exactly as a tensor of its own (own index,
@@ -140,7 +147,10 @@ constexpr const char* kOptionsHelp =
     "cells (default i64; f32: 4-byte cells, used only where every partial sum is provably exact, else i64); "
     "chunk=<elements>: one host tensor of at least two chunks travels in chunks of this many elements (at most 8 "
     "chunks), the next chunk's index encoded while the previous one's values are on the wire (default 4194304; 0: "
-    "one piece; values=auto|compact|dense with the bitmap index, no ratio)";
+    "one piece; values=auto|compact|dense with the bitmap index, no ratio); exact=1|0: 1 (default) lossless; 0: "
+    "the compact and dense values travel as f32 and are summed in f32 even where that is not provably exact (3 or "
+    "more ranks, values spanning more than f32's 24 bits): 4 bytes a member instead of 8 or more, the same bits on "
+    "every rank, no longer the exact sum (the count sketch and ratio= stay exact)";
 
 struct TensorPlan {
   size_t count = 0;
@@ -440,6 +450,14 @@ shoal_status_t create(const shoal_compressor_params_t* params, void** instance) 
       } else {
         config.scan = int(*named);
       }
+    } else if (key == "exact") {
+      if (value == "1" || value == "0") config.exact = value == "1";
+      else {
+        writeText(params->error_text, params->error_text_size,
+                  "sketch: exact='%s' is not 1 (lossless, the default) or 0 (f32 sums where not provably exact)",
+                  value.c_str());
+        return SHOAL_ERR_INVALID_ARGUMENT;
+      }
     } else if (key == "ratio") {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
@@ -726,8 +744,8 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
       plan.mode = Mode::None;
       continue;
     }
-    plan.mode = chooseMode(inst.mode, inst.ratio == 0, plan.count, u, plan.K, plan.anyFinite, plan.nonfinite,
-                           plan.T - plan.Q + 1, plan.T, n);
+    plan.mode = chooseMode(inst.mode, inst.ratio == 0, inst.exact, plan.count, u, plan.K, plan.anyFinite,
+                           plan.nonfinite, plan.T - plan.Q + 1, plan.T, n);
     if (plan.mode == Mode::Dense) {
       plan.valueOffset = denseCount;
       denseCount += plan.count;
@@ -739,7 +757,7 @@ shoal_status_t encodeValues(const Instance& inst, OpState& s, shoal_compress_op_
     }
     plan.valueOffset = valueWords;
     if (plan.mode == Mode::Compact) {
-      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan.T, n);
+      plan.compactF32 = compactValuesInF32(inst.exact, plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
       if (plan.compactF32) {
         plan.valueOffset = denseCount;
         denseCount += u;

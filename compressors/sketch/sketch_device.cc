@@ -145,8 +145,8 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
       if (!check(gpu::listMembers(words, plan.count, plan.bloom, plan.members, s.stream), "listing the union"))
         return false;
     }
-    plan.mode = chooseMode(inst.mode, true, plan.count, plan.u, plan.K, plan.anyFinite, plan.nonfinite,
-                           plan.T - plan.Q + 1, plan.T, n);
+    plan.mode = chooseMode(inst.mode, true, inst.exact, plan.count, plan.u, plan.K, plan.anyFinite,
+                           plan.nonfinite, plan.T - plan.Q + 1, plan.T, n);
     if (plan.mode == Mode::None) continue;
     if (plan.mode == Mode::Dense) {
       plan.valueOffset = s.denseCount;
@@ -159,7 +159,7 @@ bool encodeValues(const Instance& inst, DeviceState& s, shoal_compress_op_t* op,
     }
     plan.valueOffset = s.valueWords;
     if (plan.mode == Mode::Compact) {
-      plan.compactF32 = sumsExactInF32(plan.anyFinite, plan.T - plan.Q + 1, plan.T, n) || oneAdditionExact(plan.T, n);
+      plan.compactF32 = compactValuesInF32(inst.exact, plan.anyFinite, plan.T - plan.Q + 1, plan.T, n);
       if (plan.compactF32) {
         plan.valueOffset = s.denseCount;
         s.denseCount += plan.u;

@@ -25,6 +25,9 @@ struct Instance {
   double expectedDensity = 0.001;
   double ratio = 0;  // > 0: pre-sized sketch in round 0 (host tensors)
   bool floatCells = false;  // cells=f32: 4-byte cells where provably exact (host tensors)
+  // exact=0: compact and dense values travel and sum as f32 even where that is not provably exact
+  // (compactValuesInF32); the count sketch's cells and ratio='s pre-sized sketch stay exact.
+  bool exact = true;
   // chunk=: one host tensor of at least two chunks goes in chunks of this many elements, pipelined
   // (sketch.cc, pipelineRound); 0: in one piece.
   size_t chunk = size_t(1) << 22;
@@ -182,19 +185,30 @@ inline bool sumsExactInF32(bool anyFinite, int span, int T, int n) {
 // values=dense copies -0 as it is. Host and device paths alike (same payloads).
 inline bool oneAdditionExact(int T, int n) { return n == 2 && T + 2 <= 127; }
 
+// Whether a tensor's compact values travel as f32 (4 bytes a member, summed as
+// f32 in the payload's allreduce): where that is exact (the two rules above),
+// or anywhere when the user gave exactness up (exact=0: with three or more
+// ranks and a wide span the f32 sums then round at each hop, as the plain
+// allreduce's do; every rank still gets the same bits, since the payload's
+// allreduce gives every rank the same result).
+inline bool compactValuesInF32(bool exact, bool anyFinite, int span, int T, int n) {
+  return !exact || sumsExactInF32(anyFinite, span, T, n) || oneAdditionExact(T, n);
+}
+
 // The values encoding of one tensor once round 0 is known: count elements,
 // u members, K limbs, exponent span and top T (meaningful when anyFinite), n
-// ranks. Dense only when provably exact; compact sends f32 values (4 bytes a
-// member) when that is exact too, else K limbs of 8 bytes.
-inline Mode chooseMode(Mode requested, bool sketchAllowed, size_t count, size_t u, int K, bool anyFinite,
+// ranks. Dense only when provably exact (or exact=0); compact sends f32 values
+// (4 bytes a member) when compactValuesInF32, else K limbs of 8 bytes.
+inline Mode chooseMode(Mode requested, bool sketchAllowed, bool exact, size_t count, size_t u, int K, bool anyFinite,
                        bool nonfinite, int span, int T, int n) {
   if (u == 0) return Mode::None;
-  const bool denseExact = sumsExactInF32(anyFinite, span, T, n);
+  const bool denseAllowed = !exact || sumsExactInF32(anyFinite, span, T, n);
   const double denseBytes = 4.0 * double(count);
-  const double compactBytes = (denseExact ? 4.0 : 8.0 * K) * double(u) + (nonfinite ? 8.0 * double(u) : 0.0);
+  const double compactBytes = (compactValuesInF32(exact, anyFinite, span, T, n) ? 4.0 : 8.0 * K) * double(u) +
+                              (nonfinite ? 8.0 * double(u) : 0.0);
   switch (requested) {
-    case Mode::Auto: return denseExact && denseBytes < compactBytes ? Mode::Dense : Mode::Compact;
-    case Mode::Dense: return denseExact ? Mode::Dense : Mode::Compact;
+    case Mode::Auto: return denseAllowed && denseBytes < compactBytes ? Mode::Dense : Mode::Compact;
+    case Mode::Dense: return denseAllowed ? Mode::Dense : Mode::Compact;
     case Mode::Sketch: return K > 0 && sketchAllowed ? Mode::Sketch : Mode::Compact;
     default: return Mode::Compact;
   }

@@ -41,6 +41,9 @@ def parser(description, epochs, batch_size, lr):
                    help="powersgd: plain allreduces for the first N compressed calls")
     p.add_argument("--sketch-values", default=None, help="sketch: values=auto|compact|sketch|dense")
     p.add_argument("--sketch-index", default=None, help="sketch: index=bitmap|bloom")
+    p.add_argument("--sketch-exact", choices=("1", "0"), default=None,
+                   help="sketch: exact=1 (lossless, the default) or 0 (the values at the union summed in f32 where "
+                        "that is not provably exact: 3+ ranks on dense gradients send half the bytes, not bit-exact)")
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=batch_size, help="samples per rank per step")
@@ -84,6 +87,8 @@ def compression(args):
         options["values"] = args.sketch_values
     if args.sketch_index:
         options["index"] = args.sketch_index
+    if args.sketch_exact:
+        options["exact"] = args.sketch_exact
     return hvd.Compression.sketch(**options)
 
 

@@ -175,6 +175,23 @@ TEST_P(Agreement, TwoCompressors) {
   expectMismatchEverywhere(outcomes, "compress");
 }
 
+// One compressor, its options differing (the sketch's exact=0 changes its
+// payloads' layout): every rank's signature carries the options, so MISMATCH.
+TEST_P(Agreement, SameCompressorOtherOptions) {
+  auto outcomes = runJob(
+      GetParam(),
+      [](int rank, int, shoal_comm_t comm) {
+        std::vector<float> data(4096, rank % 2 ? 0.0f : 1.5f);
+        return shoal_allreduce(comm, data.data(), data.data(), data.size(), SHOAL_F32, SHOAL_SUM);
+      },
+      [](int rank) {
+        return std::map<std::string, std::string>{{"SHOAL_COMPRESSOR", "sketch"},
+                                                  {"SHOAL_COMPRESSOR_OPTS", rank == 1 ? "exact=0" : ""},
+                                                  {"SHOAL_COMPRESS_MIN_BYTES", "0"}};
+      });
+  expectMismatchEverywhere(outcomes, "compress");
+}
+
 // The control: ranks that agree get exact results from every collective, and
 // the communicator stays usable across calls of every kind.
 TEST_P(Agreement, AgreeingRanksSucceed) {

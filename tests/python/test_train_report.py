@@ -493,3 +493,24 @@ def test_run_sh_refuses_a_count_that_is_not_a_whole_number(args, text):
                           text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert text in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("identical", [True, False])
+def test_sketch_f32_is_judged_like_fp16_and_needs_identical_ranks(report, tmp_path, monkeypatch, capsys, identical):
+    """The sketch with exact=0 (shoal-sketch-f32) gives up bit-exactness, not agreement: its row is
+    held to fp16's half point and also needs every rank's parameters bit-identical."""
+    out = str(tmp_path)
+    fid = os.path.join(out, "fidelity", "digits_mlp")
+    fidelity_result(fid, "shoal-none", 0, 4, [0.5, 0.8, 0.9, 0.95, 0.95])
+    fidelity_result(fid, "shoal-sketch-f32", 0, 4, [0.5, 0.8, 0.9, 0.95, 0.948])
+    if not identical:
+        path = os.path.join(fid, "shoal-sketch-f32-s0.json")
+        data = json.load(open(path))
+        data["identical"] = False
+        json.dump(data, open(path, "w"))
+    monkeypatch.setattr(sys, "argv", ["report.py", out, "--hosts", "4"])
+    report.main()
+    lines = open(os.path.join(out, "tables.md")).read().splitlines()
+    row = next(l for l in lines if l.startswith("| shoal-sketch-f32 |"))
+    assert "| within 0.5, ranks identical | %s |" % ("yes" if identical else "no") in row, row
+    capsys.readouterr()

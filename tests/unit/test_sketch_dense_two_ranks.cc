@@ -4,11 +4,14 @@
 // dense f32 (~1.03x), not 8 bytes a member (~2x). Still exact: the outputs are
 // compared bit for bit with the exact sum rounded once (for two f32 values
 // that is the f32 addition itself; avg: the exact half of it). With three ranks
-// the rule does not hold, and the payload stays 8 bytes a member.
+// the rule does not hold, and the payload stays 8 bytes a member, unless the
+// user opts out of exactness (exact=0): then 4 bytes a member, summed in f32,
+// the same bits on every rank, within f32 reassociation of the exact sum.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -109,6 +112,106 @@ TEST(SketchDense, ThreeRanksKeepEightBytesAMember) {
   Outcome o = run(3, count, SHOAL_SUM, "values=auto", wideValue, expected);
   EXPECT_EQ(o.badElements, 0u);
   EXPECT_GE(o.payloadBytes, 8 * count) << "three ranks cannot send f32 values losslessly";
+}
+
+// exact=0: one sketch allreduce per rank; every rank's output, rank 0's payload bytes.
+struct Outputs {
+  std::vector<std::vector<float>> perRank;
+  size_t payloadBytes = 0;
+};
+
+Outputs runKeepingOutputs(int n, size_t count, shoal_op_t op, const std::string& options,
+                          float (*value)(int, size_t)) {
+  Outputs outputs;
+  outputs.perRank.assign(n, std::vector<float>(count, 12345.0f));
+  runRanks(n, [&](int rank, shoal_comm_t comm) {
+    std::vector<float> in(count);
+    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    opts.compressor = "sketch";
+    opts.compressor_options = options.c_str();
+    opts.compress_min_bytes = 0;
+    shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
+    shoal_tensor_t tout = shoal_tensor_1d(outputs.perRank[rank].data(), count, SHOAL_F32);
+    ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, op, &opts), SHOAL_OK) << shoal_last_error(comm);
+    if (rank == 0) {
+      shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
+      ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
+      outputs.payloadBytes = stats.payload_bytes;
+    }
+  });
+  return outputs;
+}
+
+// Every third element zero on every rank, the rest wideValue: a union of two
+// thirds of the coordinates, so compact (not dense) values travel.
+float twoThirdsWide(int rank, size_t i) { return i % 3 == 0 ? 0.0f : wideValue(rank, i); }
+
+TEST(SketchInexact, ManyRanksSendF32ValuesAndAgreeBitForBit) {
+  const size_t count = 30011;
+  const size_t indexAndStats = (count + 63) / 64 * 8 + 8 * shoal::compressors::sketch_impl::statsCodeWords(3);
+  for (int n : {3, 4}) {
+    for (shoal_op_t op : {SHOAL_SUM, SHOAL_AVG}) {
+      for (auto* value : {wideValue, twoThirdsWide}) {
+        const size_t members = value == wideValue ? count : count - (count + 2) / 3;
+        Outputs lossless = runKeepingOutputs(n, count, op, "exact=1", value);
+        Outputs f32 = runKeepingOutputs(n, count, op, "exact=0", value);
+        EXPECT_GE(lossless.payloadBytes, indexAndStats + 8 * members) << n << " ranks, exact=1: limbs";
+        EXPECT_EQ(f32.payloadBytes, indexAndStats + 4 * members) << n << " ranks, exact=0: index + f32 values";
+        size_t farOff = 0, differsFromExact = 0;
+        for (size_t i = 0; i < count; ++i) {
+          long double exact = 0, magnitude = 0;
+          for (int r = 0; r < n; ++r) exact += value(r, i), magnitude += std::fabs((long double)value(r, i));
+          if (op == SHOAL_AVG) exact /= n, magnitude /= n;
+          // f32 sums of n terms in any order: within (n - 1) roundings of 2^-24 of the magnitudes,
+          // plus avg's division and the exact reference's own rounding.
+          const long double bound = (n + 1) * std::ldexp(1.0L, -24) * magnitude;
+          const float got = f32.perRank[0][i];
+          if (std::fabs((long double)got - exact) > bound && ++farOff <= 3)
+            ADD_FAILURE() << n << " ranks, element " << i << ": " << got << " against the exact " << (double)exact;
+          if (bitsOf(lossless.perRank[0][i]) != bitsOf(float(exact))) ++differsFromExact;
+          for (int r = 1; r < n; ++r)
+            if (bitsOf(f32.perRank[r][i]) != bitsOf(got) && ++farOff <= 3)
+              ADD_FAILURE() << n << " ranks, element " << i << ": rank " << r << " got " << f32.perRank[r][i]
+                            << ", rank 0 " << got << " (exact=0 must give every rank the same bits)";
+        }
+        EXPECT_EQ(farOff, 0u);
+        // avg at 3 ranks divides the exact sum (long double) once more than the
+        // reference's one rounding allows; the sums are the exact ones rounded once.
+        if (op == SHOAL_SUM) EXPECT_EQ(differsFromExact, 0u) << n << " ranks: exact=1 must stay bit-exact";
+      }
+    }
+  }
+}
+
+float wideWithOneInf(int rank, size_t i) {
+  return rank == 1 && i == 7 ? std::numeric_limits<float>::infinity() : wideValue(rank, i);
+}
+
+TEST(SketchInexact, NonFiniteValuesStillTravelAsSpecials) {
+  // An Inf on one rank: exact=0 sends the f32 values plus the specials' words, and the
+  // element is +Inf on every rank; the other elements are finite f32 sums.
+  const size_t count = 4099;
+  Outputs f32 = runKeepingOutputs(3, count, SHOAL_SUM, "exact=0", wideWithOneInf);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(std::isinf(f32.perRank[r][7]) && f32.perRank[r][7] > 0) << "rank " << r;
+    for (size_t i = 0; i < count; ++i)
+      if (i != 7) EXPECT_TRUE(std::isfinite(f32.perRank[r][i])) << "rank " << r << ", element " << i;
+  }
+}
+
+TEST(SketchInexact, ExactTakesOnlyOneOrZero) {
+  runRanks(2, [&](int, shoal_comm_t comm) {
+    std::vector<float> buffer(64, 1.0f);
+    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
+    opts.compressor = "sketch";
+    opts.compressor_options = "exact=yes";
+    opts.compress_min_bytes = 0;
+    shoal_tensor_t t = shoal_tensor_1d(buffer.data(), buffer.size(), SHOAL_F32);
+    EXPECT_EQ(shoal_allreduce_tensor(comm, &t, &t, SHOAL_SUM, &opts), SHOAL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(shoal_last_error(comm)).find("exact='yes' is not 1"), std::string::npos)
+        << shoal_last_error(comm);
+  });
 }
 
 float negativeZero(int, size_t) { return -0.0f; }
