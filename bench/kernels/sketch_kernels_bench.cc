@@ -249,6 +249,25 @@ void BM_DecodeCompact(benchmark::State& state) {
   setRate(state, u);
 }
 
+// The decode alone of an average over n ranks (DistributedOptimizer's default op): the sums of n
+// copies of the data, decoded to S * 2^Q / n. n = 4 (a power of two) takes the conversion-and-scale
+// path, n = 3 the 128-bit division (decodeOneLimb). GB/s of the members' f32 results.
+void BM_DecodeAvg(benchmark::State& state) {
+  const Data& d = data(int(state.range(0)));
+  const int n = int(state.range(1));
+  const size_t u = d.members.size();
+  std::vector<uint64_t> limbs(u);
+  for (int r = 0; r < n; ++r)
+    for (size_t p = 0; p < u; ++p) addLimbs(d.x[d.members[p]], d.Q, d.L, d.K, limbs.data() + p, u);
+  std::vector<float> result(u);
+  for (auto _ : state) {
+    for (size_t p = 0; p < u; ++p) result[p] = decodeOneLimb(static_cast<int64_t>(limbs[p]), d.Q, n);
+    benchmark::DoNotOptimize(result.data());
+  }
+  if (u && result[0] != d.x[d.members[0]]) state.SkipWithError("decode mismatch");  // (n x) / n = x
+  setRate(state, u);
+}
+
 // The dense output write alone (writeMembersWith) by its stores, density and size: one member per
 // 1/density elements at random positions; GB/s of the output. Then a read of every line of it (the
 // caller's next pass, as the optimizer's), timed apart: plain stores leave a cache-sized output in
@@ -489,6 +508,11 @@ BENCHMARK(BM_EncodeCompact)->Apply(densities);
 BENCHMARK(BM_SketchScatter)->Apply(densities);
 BENCHMARK(BM_PeelDecode)->Apply(densities);
 BENCHMARK(BM_DecodeCompact)->Apply(densities);
+BENCHMARK(BM_DecodeAvg)
+    ->ArgNames({"permille", "ranks"})
+    ->ArgsProduct({{10, 100}, {3, 4}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_WriteMembers)
     ->ArgNames({"streaming", "permille", "MiB"})
     ->ArgsProduct({{0, 1}, {1, 10, 100}, {4, 16, 64, 256}})

@@ -427,8 +427,43 @@ SHOAL_HD inline float roundToFloat128(unsigned __int128 mag, int Q, bool sticky,
   return negative ? -f : f;
 }
 
+// S * 2^scale rounded once, when the result is a normal f32: the int64's
+// conversion rounds once, to nearest with ties to even (the FPU's default mode,
+// as roundToFloat128 rounds), and the scaling then only moves the exponent
+// field, which is exact while the result stays normal. False where it cannot
+// tell (S = 0, a result that is subnormal or beyond f32's range): the caller
+// takes the 128-bit path. Most members of a gradient's sum end here.
+SHOAL_HD inline bool scaledNormal(int64_t S, int scale, float& out) {
+  if (S == 0) return false;
+  const uint32_t bits = ops::floatBits(static_cast<float>(S));
+  const int exponent = int((bits >> 23) & 0xffu) + scale;  // >= 127 before scaling: |S| >= 1
+  if (exponent < 1 || exponent > 254) return false;
+  out = ops::bitsFloat(bits + (static_cast<uint32_t>(scale) << 23));  // (wraps for scale < 0: the same bits)
+  return true;
+}
+
 // S * 2^Q (divided by n when n > 1), rounded once.
 SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
+  if ((n & (n - 1)) == 0) {
+    // n = 2^k (sum: n = 1): dividing by it lowers the scale by k, exactly; no division.
+    int k = 0;
+    while ((1 << k) < n) ++k;
+    float fast;
+    if (scaledNormal(S, Q - k, fast)) return fast;
+    Q -= k;
+    n = 1;
+  }
+  if (n > 1 && S != 0 && S > -(int64_t(1) << 53) && S < (int64_t(1) << 53)) {
+    // Other rank counts: S is exact in double; the quotient rounded to double and then to f32 is the
+    // quotient rounded once to f32 (double rounding is innocuous for a division when the first
+    // precision is at least twice the second plus two, 53 >= 2 * 24 + 2: Figueroa 1995; below f32's
+    // normal range the quotient lies at least 2^-150 / n from any midpoint of the f32 grid, far
+    // beyond double's rounding there). Scaling by 2^Q in double is exact.
+    const uint64_t powerBits = uint64_t(Q + 1023) << 52;  // 2^Q: a normal double at any tensor's scale
+    double power;
+    std::memcpy(&power, &powerBits, sizeof power);
+    return static_cast<float>(static_cast<double>(S) / n * power);
+  }
   bool negative = S < 0;
   unsigned __int128 mag = negative ? static_cast<uint64_t>(0) - static_cast<uint64_t>(S) : static_cast<uint64_t>(S);
   bool sticky = false;

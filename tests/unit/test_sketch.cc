@@ -695,6 +695,47 @@ TEST(SketchMath, OneLimbFastPathMatchesBigPath) {
   }
 }
 
+// The 512-bit path's rounding of S * 2^Q / n: the reference for decodeOneLimb.
+float oneLimbReference(int64_t S, int Q, int n) {
+  shoal::sketch::Big b;
+  shoal::sketch::bigZero(b);
+  shoal::sketch::bigAddShifted(b, S, 0);
+  const bool negative = shoal::sketch::bigNegative(b);
+  if (negative) shoal::sketch::bigNegate(b);
+  bool sticky = false;
+  if (n > 1 && shoal::sketch::bigTop(b) >= 0) {
+    sticky = shoal::sketch::bigShiftDivide(b, uint64_t(n));
+    Q -= 64;
+  }
+  return shoal::sketch::roundToFloat(b, Q, sticky, negative);
+}
+
+TEST(SketchMath, OneLimbNormalPathAtItsEdges) {
+  // decodeOneLimb's conversion-and-scale path (sum, and avg over 2^k ranks) where its
+  // rounding could go wrong: ties to even at 25 and more significant bits, the
+  // smallest normal and the subnormals just below it, the largest finite values and
+  // overflow, +-2^63, and every rank count up to 16 (others keep the division).
+  std::vector<int64_t> sums = {1, -1, 3, (int64_t(1) << 24) + 1, (int64_t(1) << 24) + 3, (int64_t(1) << 25) + 2,
+                               (int64_t(1) << 25) + 6, (int64_t(1) << 40) + (int64_t(1) << 16),
+                               (int64_t(1) << 40) + (int64_t(1) << 16) + 1, (int64_t(1) << 62) - 1,
+                               std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                               std::numeric_limits<int64_t>::min() + 1, (int64_t(1) << 24) - 1};
+  for (size_t i = 0, m = sums.size(); i < m; ++i) sums.push_back(-sums[i]);
+  int checked = 0;
+  for (int64_t S : sums) {
+    const int top = 63 - __builtin_clzll(S < 0 ? uint64_t(0) - uint64_t(S) : uint64_t(S));
+    for (int target : {-152, -151, -150, -149, -127, -126, -125, 0, 126, 127, 128}) {
+      for (int n = 1; n <= 16; ++n) {
+        const int Q = target - top;
+        ASSERT_EQ(bitsOf(shoal::sketch::decodeOneLimb(S, Q, n)), bitsOf(oneLimbReference(S, Q, n)))
+            << "S " << S << " Q " << Q << " n " << n;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 28 * 11 * 16);
+}
+
 TEST(SketchMath, TwoLimbFastPathMatchesBigPath) {
   // decodeLimbs with K = 2 (the 128-bit path for sums and avg over 2^k ranks)
   // against the 512-bit path, over limb widths, signs, scales that reach
