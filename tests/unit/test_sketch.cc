@@ -720,7 +720,8 @@ TEST(SketchMath, OneLimbNormalPathAtItsEdges) {
                                (int64_t(1) << 40) + (int64_t(1) << 16) + 1, (int64_t(1) << 62) - 1,
                                std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
                                std::numeric_limits<int64_t>::min() + 1, (int64_t(1) << 24) - 1};
-  for (size_t i = 0, m = sums.size(); i < m; ++i) sums.push_back(-sums[i]);
+  for (size_t i = 0, m = sums.size(); i < m; ++i)
+    if (sums[i] != std::numeric_limits<int64_t>::min()) sums.push_back(-sums[i]);  // (-min overflows)
   int checked = 0;
   for (int64_t S : sums) {
     const int top = 63 - __builtin_clzll(S < 0 ? uint64_t(0) - uint64_t(S) : uint64_t(S));
@@ -733,7 +734,7 @@ TEST(SketchMath, OneLimbNormalPathAtItsEdges) {
       }
     }
   }
-  EXPECT_EQ(checked, 28 * 11 * 16);
+  EXPECT_EQ(checked, 27 * 11 * 16);
 }
 
 TEST(SketchMath, TwoLimbFastPathMatchesBigPath) {
