@@ -29,11 +29,12 @@ METRIC = {"digits_mlp": "accuracy", "pufferfish_cnn": "accuracy", "pufferfish_mn
 # The fidelity goal of each configuration: the largest allowed loss against dense, in points.
 # shoal-sketch-f32 (the sketch with exact=0) is held to fp16's goal; its ranks must still be bit-identical.
 GOAL_POINTS = {"shoal-fp16": 0.5, "shoal-bf16": 0.5, "shoal-topk": 0.5, "shoal-powersgd": 0.5, "shoal-sketch-f32": 0.5,
+               "shoal-powersgd-r16": 0.5,
                "ddp-none": 0.5, "ddp-fp16": 0.5, "pufferfish": 1.0, "pufferfish-fused": 1.0,
                "powerfish": 1.0}
-ORDER = ["shoal-none", "shoal-fp16", "shoal-bf16", "shoal-topk", "shoal-powersgd", "shoal-sketch", "shoal-sketch-f32",
-         "pufferfish", "pufferfish-fused", "powerfish", "ddp-none", "ddp-fp16", "ddp-powersgd", "local",
-         "local-factorized"]
+ORDER = ["shoal-none", "shoal-fp16", "shoal-bf16", "shoal-topk", "shoal-powersgd", "shoal-powersgd-r16", "shoal-sketch",
+         "shoal-sketch-f32", "pufferfish", "pufferfish-fused", "powerfish", "ddp-none", "ddp-fp16", "ddp-powersgd",
+         "local", "local-factorized"]
 # pufferfish_cnn.py's configurations whose step changes mid-run: full rank for the warm-up epochs,
 # then factorized. Each maps to the full-rank speed configuration of its warm-up's compressor; its
 # own speed run is factorized from the first step (run.sh: --warmup-frac 0), and its step is held
