@@ -41,40 +41,51 @@ float wideValue(int rank, size_t i) {
   return (h >> 60) & 1 ? -v : v;
 }
 
-struct Outcome {
+// One sketch allreduce of `count` values per rank on n ranks: every rank's output, rank 0's payload bytes.
+struct Outputs {
+  std::vector<std::vector<float>> perRank;
   size_t payloadBytes = 0;
-  size_t badElements = 0;
 };
 
-// One sketch allreduce of `count` values per rank on n ranks; counts outputs
-// whose bits differ from expected(i) on any rank; rank 0's payload bytes.
-Outcome run(int n, size_t count, shoal_op_t op, const std::string& options, float (*value)(int, size_t),
-            const std::vector<float>& expected) {
-  Outcome outcome;
-  std::vector<size_t> bad(n, 0);
+Outputs runKeepingOutputs(int n, size_t count, shoal_op_t op, const std::string& options,
+                          float (*value)(int, size_t)) {
+  Outputs outputs;
+  outputs.perRank.assign(n, std::vector<float>(count, 12345.0f));
   runRanks(n, [&](int rank, shoal_comm_t comm) {
-    std::vector<float> in(count), out(count, 12345.0f);
+    std::vector<float> in(count);
     for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
     shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
     opts.compressor = "sketch";
     opts.compressor_options = options.c_str();
     opts.compress_min_bytes = 0;
     shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
-    shoal_tensor_t tout = shoal_tensor_1d(out.data(), count, SHOAL_F32);
+    shoal_tensor_t tout = shoal_tensor_1d(outputs.perRank[rank].data(), count, SHOAL_F32);
     ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, op, &opts), SHOAL_OK) << shoal_last_error(comm);
-    for (size_t i = 0; i < count; ++i)
-      if (bitsOf(out[i]) != bitsOf(expected[i])) {
-        if (++bad[rank] <= 3)
-          ADD_FAILURE() << n << " ranks, " << options << ", rank " << rank << ", element " << i << ": got " << out[i]
-                        << ", want " << expected[i];
-      }
     if (rank == 0) {
       shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
       ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
-      outcome.payloadBytes = stats.payload_bytes;
+      outputs.payloadBytes = stats.payload_bytes;
     }
   });
-  for (size_t b : bad) outcome.badElements += b;
+  return outputs;
+}
+
+struct Outcome {
+  size_t payloadBytes = 0;
+  size_t badElements = 0;
+};
+
+// The same, counting outputs whose bits differ from expected(i) on any rank.
+Outcome run(int n, size_t count, shoal_op_t op, const std::string& options, float (*value)(int, size_t),
+            const std::vector<float>& expected) {
+  Outputs outputs = runKeepingOutputs(n, count, op, options, value);
+  Outcome outcome;
+  outcome.payloadBytes = outputs.payloadBytes;
+  for (int rank = 0; rank < n; ++rank)
+    for (size_t i = 0; i < count; ++i)
+      if (bitsOf(outputs.perRank[rank][i]) != bitsOf(expected[i]) && ++outcome.badElements <= 3)
+        ADD_FAILURE() << n << " ranks, " << options << ", rank " << rank << ", element " << i << ": got "
+                      << outputs.perRank[rank][i] << ", want " << expected[i];
   return outcome;
 }
 
@@ -112,35 +123,6 @@ TEST(SketchDense, ThreeRanksKeepEightBytesAMember) {
   Outcome o = run(3, count, SHOAL_SUM, "values=auto", wideValue, expected);
   EXPECT_EQ(o.badElements, 0u);
   EXPECT_GE(o.payloadBytes, 8 * count) << "three ranks cannot send f32 values losslessly";
-}
-
-// exact=0: one sketch allreduce per rank; every rank's output, rank 0's payload bytes.
-struct Outputs {
-  std::vector<std::vector<float>> perRank;
-  size_t payloadBytes = 0;
-};
-
-Outputs runKeepingOutputs(int n, size_t count, shoal_op_t op, const std::string& options,
-                          float (*value)(int, size_t)) {
-  Outputs outputs;
-  outputs.perRank.assign(n, std::vector<float>(count, 12345.0f));
-  runRanks(n, [&](int rank, shoal_comm_t comm) {
-    std::vector<float> in(count);
-    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
-    shoal_allreduce_options_t opts = SHOAL_ALLREDUCE_OPTIONS_INIT;
-    opts.compressor = "sketch";
-    opts.compressor_options = options.c_str();
-    opts.compress_min_bytes = 0;
-    shoal_tensor_t tin = shoal_tensor_1d(in.data(), count, SHOAL_F32);
-    shoal_tensor_t tout = shoal_tensor_1d(outputs.perRank[rank].data(), count, SHOAL_F32);
-    ASSERT_EQ(shoal_allreduce_tensor(comm, &tin, &tout, op, &opts), SHOAL_OK) << shoal_last_error(comm);
-    if (rank == 0) {
-      shoal_compress_stats_t stats = SHOAL_COMPRESS_STATS_INIT;
-      ASSERT_EQ(shoal_last_compress_stats(comm, &stats), SHOAL_OK);
-      outputs.payloadBytes = stats.payload_bytes;
-    }
-  });
-  return outputs;
 }
 
 // Every third element zero on every rank, the rest wideValue: a union of two
