@@ -83,7 +83,9 @@
 //   where the lossless limbs cost ~2x the plain allreduce's bytes. The output
 //   is then an f32 sum in the payload allreduce's order, the same bits on
 //   every rank (as the plain allreduce's), not the exact sum. The count
-//   sketch's cells and ratio='s pre-sized sketch stay exact (peeling needs it).
+//   sketch's cells and ratio='s pre-sized sketch stay exact (peeling needs it;
+//   a tensor whose pre-sized sketch fails takes the values round, in f32).
+//   Beside an Inf/NaN the dense data is not sent: the specials keep their words.
 // chunk=C (host tensors, default 2^22 elements): an operation of one tensor of
 //   at least 2C elements (values=auto|compact|dense, bitmap index, no ratio)
 //   goes in P <= 8 chunks, each exactly as a tensor of its own (own index,
@@ -150,7 +152,8 @@ constexpr const char* kOptionsHelp =
     "one piece; values=auto|compact|dense with the bitmap index, no ratio); exact=1|0: 1 (default) lossless; 0: "
     "the compact and dense values travel as f32 and are summed in f32 even where that is not provably exact (3 or "
     "more ranks, values spanning more than f32's 24 bits): 4 bytes a member instead of 8 or more, the same bits on "
-    "every rank, no longer the exact sum (the count sketch and ratio= stay exact)";
+    "every rank, no longer the exact sum (the count sketch's cells and ratio='s pre-sized sketch stay exact; a "
+    "tensor whose pre-sized sketch does not peel takes the f32 values round)";
 
 struct TensorPlan {
   size_t count = 0;

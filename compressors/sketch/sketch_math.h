@@ -453,12 +453,14 @@ SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
     Q -= k;
     n = 1;
   }
-  if (n > 1 && S != 0 && S > -(int64_t(1) << 53) && S < (int64_t(1) << 53)) {
-    // Other rank counts: S is exact in double; the quotient rounded to double and then to f32 is the
-    // quotient rounded once to f32 (double rounding is innocuous for a division when the first
-    // precision is at least twice the second plus two, 53 >= 2 * 24 + 2: Figueroa 1995; below f32's
-    // normal range the quotient lies at least 2^-150 / n from any midpoint of the f32 grid, far
-    // beyond double's rounding there). Scaling by 2^Q in double is exact.
+  if (n > 1 && n < (1 << 29) && S != 0 && S > -(int64_t(1) << 53) && S < (int64_t(1) << 53)) {
+    // Other rank counts: S is exact in double, and the quotient rounded to double and then to f32
+    // is the quotient rounded once to f32. Where the exact quotient S 2^Q / n is not an f32
+    // midpoint (odd multiples of 2^(E-24) in its binade 2^E, of 2^-150 below the normal range), it
+    // differs from one by a nonzero multiple of 2^min(Q, E-24) over n: at least 2^(E-24) / n when
+    // Q >= E - 24, and otherwise at least 2^Q / n > 2^(E-53) since |S| < 2^53. Double's rounding
+    // moves it by at most 2^(E-53) < 2^(E-24) / n for n < 2^29, so never across a midpoint; a
+    // midpoint itself (at most 25 bits) is exact in double. Scaling by 2^Q in double is exact.
     const uint64_t powerBits = uint64_t(Q + 1023) << 52;  // 2^Q: a normal double at any tensor's scale
     double power;
     std::memcpy(&power, &powerBits, sizeof power);

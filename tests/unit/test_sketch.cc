@@ -714,7 +714,8 @@ TEST(SketchMath, OneLimbNormalPathAtItsEdges) {
   // decodeOneLimb's conversion-and-scale path (sum, and avg over 2^k ranks) where its
   // rounding could go wrong: ties to even at 25 and more significant bits, the
   // smallest normal and the subnormals just below it, the largest finite values and
-  // overflow, +-2^63, and every rank count up to 16 (others keep the division).
+  // overflow, +-2^63, and every rank count up to 16 (powers of two take the conversion, others the
+  // double division).
   std::vector<int64_t> sums = {1, -1, 3, (int64_t(1) << 24) + 1, (int64_t(1) << 24) + 3, (int64_t(1) << 25) + 2,
                                (int64_t(1) << 25) + 6, (int64_t(1) << 40) + (int64_t(1) << 16),
                                (int64_t(1) << 40) + (int64_t(1) << 16) + 1, (int64_t(1) << 62) - 1,
@@ -735,6 +736,20 @@ TEST(SketchMath, OneLimbNormalPathAtItsEdges) {
     }
   }
   EXPECT_EQ(checked, 27 * 11 * 16);
+  // The double division near f32 midpoints: S = n * m + d for m an odd 25-bit integer (a midpoint
+  // of the 24-bit grid), at scales that put it among the normals and the subnormals, for rank counts
+  // up to 2^31 (from 2^29 on the 128-bit path: double's rounding could cross a midpoint there, as
+  // S = 715827876, n = 536870915 would).
+  for (int64_t n : {3, 5, 7, 1000003, 536870909, 536870915, 1073741827, 2147483647})
+    for (int64_t m : {(int64_t(1) << 25) + 1, (int64_t(1) << 25) + 3, (int64_t(1) << 26) - 1})
+      for (int d = -3; d <= 3; ++d)
+        for (int Q : {0, -150, -174, 100}) {
+          const int64_t S = n * m + d;
+          ASSERT_EQ(bitsOf(shoal::sketch::decodeOneLimb(S, Q, int(n))), bitsOf(oneLimbReference(S, Q, int(n))))
+              << "S " << S << " Q " << Q << " n " << n;
+        }
+  EXPECT_EQ(bitsOf(shoal::sketch::decodeOneLimb(715827876, 0, 536870915)),
+            bitsOf(oneLimbReference(715827876, 0, 536870915)));
 }
 
 TEST(SketchMath, TwoLimbFastPathMatchesBigPath) {

@@ -166,19 +166,33 @@ TEST(SketchInexact, ManyRanksSendF32ValuesAndAgreeBitForBit) {
   }
 }
 
-float wideWithOneInf(int rank, size_t i) {
-  return rank == 1 && i == 7 ? std::numeric_limits<float>::infinity() : wideValue(rank, i);
+// Element 7: +Inf on rank 1 and -Inf on rank 2 (NaN); element 8: +Inf on rank 1 (+Inf).
+float withInfinities(float (*value)(int, size_t), int rank, size_t i) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (i == 7 && rank == 1) return inf;
+  if (i == 7 && rank == 2) return -inf;
+  if (i == 8 && rank == 1) return inf;
+  return value(rank, i);
 }
+float sparseWithInfinities(int rank, size_t i) { return withInfinities(twoThirdsWide, rank, i); }
+float denseWithInfinities(int rank, size_t i) { return withInfinities(wideValue, rank, i); }
 
-TEST(SketchInexact, NonFiniteValuesStillTravelAsSpecials) {
-  // An Inf on one rank: exact=0 sends the f32 values plus the specials' words, and the
-  // element is +Inf on every rank; the other elements are finite f32 sums.
+TEST(SketchInexact, NonFiniteValuesKeepTheirOwnWords) {
+  // Beside an Inf/NaN, exact=0 sends the f32 values and the specials' words (never the dense data,
+  // whose IEEE sum would give another NaN's bits): +Inf meeting -Inf decodes to the NaN 0x7fc00000
+  // on every rank, as with exact=1; a lone +Inf stays +Inf; the other elements are finite.
   const size_t count = 4099;
-  Outputs f32 = runKeepingOutputs(3, count, SHOAL_SUM, "exact=0", wideWithOneInf);
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_TRUE(std::isinf(f32.perRank[r][7]) && f32.perRank[r][7] > 0) << "rank " << r;
-    for (size_t i = 0; i < count; ++i)
-      if (i != 7) EXPECT_TRUE(std::isfinite(f32.perRank[r][i])) << "rank " << r << ", element " << i;
+  const size_t indexAndStats = (count + 63) / 64 * 8 + 8 * shoal::compressors::sketch_impl::statsCodeWords(3);
+  for (auto* value : {sparseWithInfinities, denseWithInfinities}) {
+    const size_t members = value == denseWithInfinities ? count : count - (count + 2) / 3;
+    Outputs f32 = runKeepingOutputs(3, count, SHOAL_SUM, "exact=0", value);
+    EXPECT_EQ(f32.payloadBytes, indexAndStats + (4 + 8) * members) << "index + f32 values + the specials' words";
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(bitsOf(f32.perRank[r][7]), 0x7fc00000u) << "rank " << r;
+      EXPECT_EQ(bitsOf(f32.perRank[r][8]), 0x7f800000u) << "rank " << r;
+      for (size_t i = 0; i < count; ++i)
+        if (i != 7 && i != 8) ASSERT_TRUE(std::isfinite(f32.perRank[r][i])) << "rank " << r << ", element " << i;
+    }
   }
 }
 
