@@ -59,8 +59,9 @@
 //            nonzero cell is an internal error). Members not recovered (peeling
 //            stalled) go in round 2: their K limbs densely, in U's order,
 //            SHOAL_SUM. Never an estimate.
-//   dense:   the f32 data as it is, SHOAL_SUM on SHOAL_F32, only when that is
-//            exact: span + c <= 24 and T + c + 1 <= 127, i.e. every partial sum
+//   dense:   the f32 data as it is, SHOAL_SUM on SHOAL_F32, only when no rank
+//            holds an Inf/NaN (their words decode them, the same NaN everywhere)
+//            and that is exact: span + c <= 24 and T + c + 1 <= 127, i.e. every partial sum
 //            of any subset of ranks is a multiple of 2^Q below 2^(Q+24) in
 //            magnitude and below 2^127, so representable: every hop's
 //            addition is exact whatever the algorithm. avg divides the exact
@@ -85,7 +86,6 @@
 //   every rank (as the plain allreduce's), not the exact sum. The count
 //   sketch's cells and ratio='s pre-sized sketch stay exact (peeling needs it;
 //   a tensor whose pre-sized sketch fails takes the values round, in f32).
-//   Beside an Inf/NaN the dense data is not sent: the specials keep their words.
 // chunk=C (host tensors, default 2^22 elements): an operation of one tensor of
 //   at least 2C elements (values=auto|compact|dense, bitmap index, no ratio)
 //   goes in P <= 8 chunks, each exactly as a tensor of its own (own index,

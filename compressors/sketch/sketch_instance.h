@@ -202,9 +202,10 @@ inline bool compactValuesInF32(bool exact, bool anyFinite, int span, int T, int 
 inline Mode chooseMode(Mode requested, bool sketchAllowed, bool exact, size_t count, size_t u, int K, bool anyFinite,
                        bool nonfinite, int span, int T, int n) {
   if (u == 0) return Mode::None;
-  // exact=0 sends the dense data where the rule fails too, but not beside an Inf/NaN: those keep
-  // their own words and decodeSpecial's rules (an IEEE sum would give another NaN's bits).
-  const bool denseAllowed = sumsExactInF32(anyFinite, span, T, n) || (!exact && !nonfinite);
+  // exact=0 sends the dense data where the rule fails too. Never beside an Inf/NaN: those keep their
+  // own words and decodeSpecial's rules, so +Inf meeting -Inf is the same NaN on every path and
+  // device (an IEEE sum of the dense data gives the FPU's own NaN: 0xffc00000 on x86).
+  const bool denseAllowed = !nonfinite && (!exact || sumsExactInF32(anyFinite, span, T, n));
   const double denseBytes = 4.0 * double(count);
   const double compactBytes = (compactValuesInF32(exact, anyFinite, span, T, n) ? 4.0 : 8.0 * K) * double(u) +
                               (nonfinite ? 8.0 * double(u) : 0.0);
