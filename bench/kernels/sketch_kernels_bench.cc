@@ -251,7 +251,7 @@ void BM_DecodeCompact(benchmark::State& state) {
 
 // The decode alone of an average over n ranks (DistributedOptimizer's default op): the sums of n
 // copies of the data, decoded to S * 2^Q / n. n = 4 (a power of two) takes the conversion-and-scale
-// path, n = 3 the 128-bit division (decodeOneLimb). GB/s of the members' f32 results.
+// path, n = 3 the double division (decodeOneLimb). GB/s of the members' f32 results.
 void BM_DecodeAvg(benchmark::State& state) {
   const Data& d = data(int(state.range(0)));
   const int n = int(state.range(1));

@@ -197,7 +197,8 @@ inline bool compactValuesInF32(bool exact, bool anyFinite, int span, int T, int 
 
 // The values encoding of one tensor once round 0 is known: count elements,
 // u members, K limbs, exponent span and top T (meaningful when anyFinite), n
-// ranks. Dense only when provably exact (or exact=0); compact sends f32 values
+// ranks. Dense only when provably exact (or exact=0) and no rank holds an
+// Inf/NaN; compact sends f32 values
 // (4 bytes a member) when compactValuesInF32, else K limbs of 8 bytes.
 inline Mode chooseMode(Mode requested, bool sketchAllowed, bool exact, size_t count, size_t u, int K, bool anyFinite,
                        bool nonfinite, int span, int T, int n) {

@@ -442,16 +442,17 @@ SHOAL_HD inline bool scaledNormal(int64_t S, int scale, float& out) {
   return true;
 }
 
+// log2 of a rank count that is a power of two (n = 1: 0): dividing by it only lowers a scale.
+SHOAL_HD inline bool isPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+SHOAL_HD inline int log2PowerOfTwo(int n) { return ctz32(static_cast<uint32_t>(n)); }
+
 // S * 2^Q (divided by n when n > 1), rounded once.
 SHOAL_HD inline float decodeOneLimb(int64_t S, int Q, int n) {
-  if ((n & (n - 1)) == 0) {
-    // n = 2^k (sum: n = 1): dividing by it lowers the scale by k, exactly; no division.
-    int k = 0;
-    while ((1 << k) < n) ++k;
-    float fast;
-    if (scaledNormal(S, Q - k, fast)) return fast;
-    Q -= k;
+  if (isPowerOfTwo(n)) {  // sum (n = 1) or avg over 2^k ranks: no division
+    Q -= log2PowerOfTwo(n);
     n = 1;
+    float fast;
+    if (scaledNormal(S, Q, fast)) return fast;
   }
   if (n > 1 && n < (1 << 29) && S != 0 && S > -(int64_t(1) << 53) && S < (int64_t(1) << 53)) {
     // Other rank counts: S is exact in double, and the quotient rounded to double and then to f32
@@ -486,15 +487,13 @@ SHOAL_HD inline float decodeLimbs(const uint64_t* limbs, size_t stride, int K, i
   // in magnitude (|S_k| <= 2^63, L <= 63), so the exact sum is rounded once
   // straight from a 128-bit integer; avg over 2^k ranks only lowers the scale
   // by k (exact). Other rank counts divide on the 512-bit path below.
-  if (K == 2 && L <= 63 && (!avg || (n & (n - 1)) == 0)) {
+  if (K == 2 && L <= 63 && (!avg || isPowerOfTwo(n))) {
     const __int128 v = static_cast<__int128>(static_cast<int64_t>(limbs[stride])) * (static_cast<__int128>(1) << L) +
                        static_cast<int64_t>(limbs[0]);
     const bool negative = v < 0;
     const unsigned __int128 mag =
         negative ? static_cast<unsigned __int128>(0) - static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
-    int shift = 0;
-    while (avg && (1 << shift) < n) ++shift;
-    return roundToFloat128(mag, Q - shift, false, negative);
+    return roundToFloat128(mag, avg ? Q - log2PowerOfTwo(n) : Q, false, negative);
   }
   Big big;
   bigZero(big);

@@ -44,6 +44,7 @@ def test_single_process_api():
         assert c.shoal_compressor(x) == ("powersgd", "rank=2,start_iter=5,ef=1")
         assert c.shoal_compressor(x.int()) == ("none", None)
         assert hvd.Compression.topk(k=3).shoal_compressor(x) == ("topk", "k=3,ef=1")
+        assert hvd.Compression.sketch(exact=False).shoal_compressor(x) == ("sketch", "exact=0")  # docs/python.md
         assert hvd.Compression.fp16.compress(x) == (x, None)
     finally:
         hvd.shutdown()
